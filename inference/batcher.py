@@ -1,0 +1,90 @@
+"""Micro-batching of concurrent awaitable requests into batched backend calls.
+
+Stages are written one query at a time; throughput on a model comes from batching. A
+MicroBatcher sits between the two: every ``submit`` parks its request, and a flusher sends
+up to ``max_batch`` parked requests to the backend in one call as soon as the batch is full
+or the oldest request has waited ``max_wait_s``. The backend call runs in a worker thread
+(torch releases the GIL), so the event loop keeps scheduling other queries meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+
+class MicroBatcher:
+    """Coalesces concurrent requests for one operation of one backend.
+
+    ``call`` takes a list of requests and returns a list of results in the same order.
+    ``group_key`` splits requests that cannot share a call (e.g. different ``k``).
+    """
+
+    def __init__(self, name: str, call: Callable[[list[Any]], Sequence[Any]], *,
+                 max_batch: int, max_wait_s: float, executor: ThreadPoolExecutor,
+                 group_key: Callable[[Any], Any] | None = None):
+        if max_batch < 1:
+            raise ValueError(f"{name}: max_batch must be >= 1, got {max_batch}")
+        if max_wait_s < 0:
+            raise ValueError(f"{name}: max_wait_s must be >= 0, got {max_wait_s}")
+        self.name = name
+        self._call = call
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._executor = executor
+        self._group_key = group_key or (lambda _r: None)
+        self._pending: dict[Any, list[tuple[Any, asyncio.Future, float]]] = {}
+        self._timers: dict[Any, asyncio.TimerHandle] = {}
+        self.calls = 0
+        self.items = 0
+        self.busy_s = 0.0
+
+    async def submit(self, request: Any) -> Any:
+        """Queue one request; returns its result (or raises the backend's error)."""
+        return (await self.submit_timed(request))[0]
+
+    async def submit_timed(self, request: Any) -> tuple[Any, float, float]:
+        """Like submit, also returning (seconds waited in the queue, seconds of the batched call)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        key = self._group_key(request)
+        queue = self._pending.setdefault(key, [])
+        queue.append((request, fut, time.perf_counter()))
+        if len(queue) >= self.max_batch:
+            self._flush(key)
+        elif key not in self._timers:
+            self._timers[key] = loop.call_later(self.max_wait_s, self._flush, key)
+        return await fut
+
+    def _flush(self, key: Any) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        queue = self._pending.get(key, [])
+        while queue:
+            batch, queue[:] = queue[: self.max_batch], queue[self.max_batch:]
+            asyncio.get_running_loop().create_task(self._run(batch))
+        self._pending.pop(key, None)
+
+    async def _run(self, batch: list[tuple[Any, asyncio.Future, float]]) -> None:
+        loop = asyncio.get_running_loop()
+        requests = [r for r, _, _ in batch]
+        start = time.perf_counter()
+        try:
+            results = await loop.run_in_executor(self._executor, self._call, requests)
+            if len(results) != len(requests):
+                raise RuntimeError(f"{self.name}: backend returned {len(results)} results "
+                                   f"for {len(requests)} requests")
+        except BaseException as e:  # every waiter learns of the failure
+            for _, fut, _ in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        end = time.perf_counter()
+        self.calls += 1
+        self.items += len(requests)
+        self.busy_s += end - start
+        for (_, fut, queued), result in zip(batch, results):
+            if not fut.done():
+                fut.set_result((result, start - queued, end - start))

@@ -1,0 +1,200 @@
+"""The engine: runs one stage over many queries on one event loop, batching their calls.
+
+A stage is an async function over one query's state. The engine starts one task per
+query; the tasks await services of a per-query ``Context`` (retrieve, generate, score,
+embed), whose requests meet in per-operation MicroBatchers and go to the backends as
+batched calls. Timings and counts land in each query's trace. The same code runs inside a
+Beam DoFn, in tests and in benchmarks.
+
+Example usage::
+
+    services = Services(backends={"generator": backend}, retriever=retriever)
+    engine = Engine(services, EngineConfig(max_batch=16))
+    outputs = engine.run_stage(stage, states)      # list of StageOutcome, input order
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from specrag.inference.batcher import MicroBatcher
+from specrag.inference.trace import Trace
+from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Micro-batching limits (per operation) and the per-query stage timeout."""
+
+    max_batch: int = 16
+    max_wait_s: float = 0.005
+    retrieval_max_batch: int = 64
+    stage_timeout_s: float = 600.0
+
+    def __post_init__(self):
+        if self.max_batch < 1 or self.retrieval_max_batch < 1:
+            raise ValueError("max_batch and retrieval_max_batch must be >= 1")
+        if self.max_wait_s < 0 or self.stage_timeout_s <= 0:
+            raise ValueError("max_wait_s must be >= 0 and stage_timeout_s > 0")
+
+
+class ModelBackend(Protocol):
+    """What a model backend offers; a backend may implement a subset of the operations."""
+
+    name: str
+
+    def generate(self, requests: list[GenerateRequest]) -> list[Generation]: ...
+    def score(self, requests: list[ScoreRequest]) -> list[Scored]: ...
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+class SearchBackend(Protocol):
+    def search(self, queries: list[str], k: int) -> list[list["Any"]]: ...
+
+
+@dataclass
+class Services:
+    """The backends one engine talks to: models by role, and one retriever."""
+
+    models: dict[str, ModelBackend] = field(default_factory=dict)
+    retriever: SearchBackend | None = None
+
+
+class Context:
+    """A query's view of the services: awaitable operations that also keep its trace."""
+
+    def __init__(self, engine: "Engine", trace: Trace):
+        self._engine = engine
+        self.trace = trace
+
+    async def generate(self, request: GenerateRequest, model: str = "generator") -> Generation:
+        start = time.perf_counter()
+        out, waited, _ = await self._engine.batcher("generate", model).submit_timed(request)
+        self.trace.count("model_calls")
+        self.trace.count("prompt_tokens", out.prompt_tokens)
+        self.trace.count("generated_tokens", len(out.token_ids))
+        self._account("generation_s", start, waited)
+        return out
+
+    async def score(self, request: ScoreRequest, model: str = "scorer") -> Scored:
+        start = time.perf_counter()
+        out, waited, _ = await self._engine.batcher("score", model).submit_timed(request)
+        self.trace.count("model_calls")
+        self.trace.count("score_calls")
+        self.trace.count("prompt_tokens", out.prompt_tokens + len(out.token_logprobs))
+        self._account("verification_s", start, waited)
+        return out
+
+    async def embed(self, texts: Sequence[str], model: str = "embedder") -> np.ndarray:
+        start = time.perf_counter()
+        batcher = self._engine.batcher("embed", model)
+        results = await asyncio.gather(*(batcher.submit_timed(t) for t in texts))
+        self.trace.count("embed_calls")
+        self._account("embedding_s", start, max((w for _, w, _ in results), default=0.0))
+        if not results:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([r for r, _, _ in results])
+
+    async def retrieve(self, query: str, k: int, stage: str = "retrieve") -> list[Any]:
+        start = time.perf_counter()
+        hits, waited, _ = await self._engine.batcher("search", "retriever", k).submit_timed(query)
+        self.trace.count("retrieval_calls")
+        self._account("retrieval_s", start, waited)
+        self.trace.retrieved.append({"stage": stage, "query": query,
+                                     "doc_ids": [h.doc_id for h in hits],
+                                     "scores": [float(h.score) for h in hits]})
+        return hits
+
+    def _account(self, bucket: str, start: float, waited: float) -> None:
+        elapsed = time.perf_counter() - start
+        self.trace.add_time(bucket, elapsed - waited)
+        self.trace.add_time("waiting_s", waited)
+
+
+@dataclass
+class StageOutcome:
+    """What one query's stage produced: states (fan-out gives several) or an error."""
+
+    outputs: list[Any]
+    error: BaseException | None = None
+    error_traceback: str = ""
+
+
+class Engine:
+    """Runs stages over batches of query states with cross-query micro-batching."""
+
+    def __init__(self, services: Services, config: EngineConfig = EngineConfig()):
+        self.services = services
+        self.config = config
+        self._batchers: dict[tuple, MicroBatcher] = {}
+        # One worker thread per model keeps its calls serial (torch threads do the
+        # parallel work); retrieval has its own thread so it overlaps generation.
+        self._executors: dict[str, ThreadPoolExecutor] = {}
+        self._loop = asyncio.new_event_loop()
+
+    def batcher(self, op: str, target: str, k: int | None = None) -> MicroBatcher:
+        key = (op, target, k)
+        batcher = self._batchers.get(key)
+        if batcher is not None:
+            return batcher
+        executor = self._executors.setdefault(
+            target, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specrag-{target}"))
+        if op == "search":
+            if self.services.retriever is None:
+                raise RuntimeError("this method retrieves, but no retriever (index) was configured")
+            retriever = self.services.retriever
+            call, max_batch = (lambda qs: retriever.search(qs, k)), self.config.retrieval_max_batch
+        else:
+            backend = self.services.models.get(target)
+            if backend is None:
+                raise RuntimeError(f"no model backend configured for role {target!r} "
+                                   f"(have: {sorted(self.services.models)})")
+            call = getattr(backend, op)
+            max_batch = self.config.max_batch
+            if op == "embed":  # cheap per item: batch wider
+                max_batch = max(max_batch, 64)
+                call = _embed_rows(backend)
+        batcher = MicroBatcher(f"{target}.{op}", call, max_batch=max_batch,
+                               max_wait_s=self.config.max_wait_s, executor=executor)
+        self._batchers[key] = batcher
+        return batcher
+
+    def run_stage(self, stage: Any, states: Sequence[Any]) -> list[StageOutcome]:
+        """Run ``stage.run`` for every state concurrently; one outcome per input, in order."""
+        return self._loop.run_until_complete(self._run_all(stage, states))
+
+    async def _run_all(self, stage: Any, states: Sequence[Any]) -> list[StageOutcome]:
+        return list(await asyncio.gather(*(self._run_one(stage, s) for s in states)))
+
+    async def _run_one(self, stage: Any, state: Any) -> StageOutcome:
+        ctx = Context(self, state.trace)
+        start = time.perf_counter()
+        try:
+            out = await asyncio.wait_for(stage.run(state, ctx), self.config.stage_timeout_s)
+        except asyncio.TimeoutError as e:
+            err = TimeoutError(f"stage {stage.name!r} exceeded {self.config.stage_timeout_s}s")
+            return StageOutcome([], err, "".join(traceback.format_exception(e)))
+        except Exception as e:  # a query's failure is data, not a crash of the batch
+            return StageOutcome([], e, "".join(traceback.format_exception(e)))
+        outputs = out if isinstance(out, list) else [out]
+        elapsed = time.perf_counter() - start
+        for o in outputs:
+            o.trace.add_time("total_s", elapsed)
+        return StageOutcome(outputs)
+
+    def close(self) -> None:
+        for ex in self._executors.values():
+            ex.shutdown(wait=True)
+        self._loop.close()
+
+
+def _embed_rows(backend: ModelBackend):
+    def call(texts: list[str]) -> list[np.ndarray]:
+        return list(backend.embed(texts))
+    return call

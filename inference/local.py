@@ -1,0 +1,260 @@
+"""Local backend: transformers on CPU, batched, with models loaded offline from PyPI packages.
+
+Generation is our own KV-cached decode loop rather than ``model.generate``: it gives
+per-row stop strings, per-row seeds for sampling, the log-probability of every chosen token
+under the unmodified distribution, and drops finished rows from the batch so one long
+answer does not keep short ones computing. Prompts are left-padded with explicit position
+ids, so a batched greedy run matches the unbatched one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrag.inference.models import materialise, model_spec
+from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+
+log = logging.getLogger(__name__)
+
+_INSTRUCT = {"smollm2-135m-instruct"}
+
+
+def set_torch_threads(n: int) -> None:
+    """Pin torch's intra-op threads; 1 per worker on a busy 2-core machine."""
+    import torch
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+@dataclass(frozen=True)
+class LocalModelConfig:
+    model: str
+    num_threads: int = 1
+    max_prompt_tokens: int = 4096
+
+
+class LocalCausalLM:
+    """generate() and score() for one causal LM (SmolLM2 or Gemma 3)."""
+
+    def __init__(self, config: LocalModelConfig):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        spec = model_spec(config.model)
+        if spec.kind != "causal-lm":
+            raise ValueError(f"{config.model} is not a causal LM")
+        set_torch_threads(config.num_threads)
+        path = materialise(config.model)
+        self.name = config.model
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.instruct = config.model in _INSTRUCT and bool(self.tokenizer.chat_template)
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = sorted(set(eos))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self._lock = threading.Lock()
+
+    # -- tokenisation -------------------------------------------------------------------
+    def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
+        if chat and self.instruct:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            ids = list(ids)
+        else:
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        if len(ids) > self.config.max_prompt_tokens:
+            raise ValueError(f"prompt has {len(ids)} tokens, over max_prompt_tokens="
+                             f"{self.config.max_prompt_tokens} of {self.name}")
+        return ids
+
+    # -- operations ---------------------------------------------------------------------
+    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
+        with self._lock:
+            return self._generate(requests)
+
+    def _generate(self, requests: list[GenerateRequest]) -> list[Generation]:
+        import torch
+        prompts = [self.prompt_ids(r.prompt, r.chat) for r in requests]
+        n = len(requests)
+        ids, mask = _left_pad(prompts, self.pad_id)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator().manual_seed(r.seed) if r.temperature > 0 else None
+                      for r in requests]
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        out_lp: list[list[float]] = [[] for _ in range(n)]
+        texts = [""] * n
+        finish = ["length"] * n
+        active = list(range(n))  # rows of the current batch -> request index
+        with torch.inference_mode():
+            res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            past = res.past_key_values
+            logits = res.logits[:, -1, :]
+            last_pos = positions[:, -1]
+            while active:
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                next_tokens = []
+                for row, i in enumerate(active):
+                    tok = _choose(logp[row], requests[i], generators[i])
+                    next_tokens.append(tok)
+                    out_ids[i].append(tok)
+                    out_lp[i].append(float(logp[row, tok]))
+                keep = []
+                for row, i in enumerate(active):
+                    r = requests[i]
+                    if next_tokens[row] in self.eos_ids:
+                        out_ids[i].pop(); out_lp[i].pop()  # EOS is not part of the text
+                        finish[i] = "stop"
+                        continue
+                    text = self.tokenizer.decode(out_ids[i], skip_special_tokens=True)
+                    cut = _first_stop(text, r.stop)
+                    if cut is not None:
+                        texts[i] = text[:cut]
+                        finish[i] = "stop"
+                        continue
+                    texts[i] = text
+                    if len(out_ids[i]) >= r.max_new_tokens:
+                        continue
+                    keep.append(row)
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, dtype=torch.long)
+                    past.batch_select_indices(index)
+                    mask = mask[index]
+                    last_pos = last_pos[index]
+                    next_tokens = [next_tokens[k] for k in keep]
+                    active = [active[k] for k in keep]
+                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype)], dim=1)
+                last_pos = last_pos + 1
+                res = self.model(input_ids=torch.tensor(next_tokens).unsqueeze(1), attention_mask=mask,
+                                 position_ids=last_pos.unsqueeze(1), past_key_values=past, use_cache=True)
+                past = res.past_key_values
+                logits = res.logits[:, -1, :]
+        return [Generation(texts[i], out_ids[i], out_lp[i], len(prompts[i]), finish[i]) for i in range(n)]
+
+    def score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        with self._lock:
+            return self._score(requests)
+
+    def _score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        import torch
+        rows, spans = [], []
+        for r in requests:
+            p = self.prompt_ids(r.prompt, chat=False)
+            c = self.tokenizer(r.continuation, add_special_tokens=False)["input_ids"]
+            if not c:
+                raise ValueError("score: empty continuation")
+            rows.append(p + c)
+            spans.append((len(p), len(c)))
+        ids, mask = _left_pad(rows, self.pad_id)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+        out = []
+        width = ids.shape[1]
+        for b, (plen, clen) in enumerate(spans):
+            start = width - clen  # continuation occupies the last clen positions (left padding)
+            target = ids[b, start:]
+            lp = logp[b, start - 1: width - 1].gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            out.append(Scored([float(x) for x in lp], plen,
+                              self.tokenizer.convert_ids_to_tokens(target.tolist())))
+        return out
+
+
+class LocalEncoder:
+    """embed(): mean-pooled, L2-normalised sentence embeddings (all-MiniLM-L6-v2)."""
+
+    def __init__(self, config: LocalModelConfig):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        set_torch_threads(config.num_threads)
+        path = materialise(config.model)
+        self.name = config.model
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+        self.max_length = 256
+        self._lock = threading.Lock()
+        self.dim = int(self.model.config.hidden_size)
+
+    def embed(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        import torch
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # less padding per batch
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        with self._lock, torch.inference_mode():
+            for s in range(0, len(order), batch_size):
+                idx = order[s:s + batch_size]
+                enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                                     max_length=self.max_length, return_tensors="pt")
+                hidden = self.model(**enc).last_hidden_state
+                m = enc["attention_mask"].unsqueeze(-1).float()
+                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+                out[idx] = pooled.numpy()
+        return out
+
+
+class LocalBackend:
+    """The operations of one model, as the engine's ModelBackend protocol expects."""
+
+    def __init__(self, config: LocalModelConfig):
+        spec = model_spec(config.model)
+        self.name = config.model
+        self._impl = LocalCausalLM(config) if spec.kind == "causal-lm" else LocalEncoder(config)
+
+    def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
+        return self._require("generate")(requests)
+
+    def score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        return self._require("score")(requests)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self._require("embed")(texts)
+
+    def _require(self, op: str):
+        fn = getattr(self._impl, op, None)
+        if fn is None:
+            raise TypeError(f"model {self.name!r} does not support {op}()")
+        return fn
+
+
+def _left_pad(rows: list[list[int]], pad_id: int):
+    import torch
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[b, width - len(r):] = 1
+    return ids, mask
+
+
+def _choose(logp, request: GenerateRequest, generator) -> int:
+    import torch
+    if request.temperature <= 0:
+        return int(torch.argmax(logp))
+    probs = torch.softmax(logp / request.temperature, dim=-1)
+    if request.top_p < 1.0:
+        sorted_p, sorted_i = torch.sort(probs, descending=True, stable=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < request.top_p
+        probs = torch.zeros_like(probs).scatter(0, sorted_i[keep], sorted_p[keep])
+        probs = probs / probs.sum()
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    cuts = [text.find(s) for s in stops if s and s in text]
+    return min(cuts) if cuts else None
+

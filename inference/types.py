@@ -1,0 +1,45 @@
+"""Request and result types of the inference operations, shared by every backend."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One prompt to continue. ``temperature == 0`` is greedy; ``seed`` makes sampling repeatable."""
+
+    prompt: str
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    chat: bool = True  # wrap the prompt in the model's chat template when it has one
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    token_logprobs: list[float]
+    prompt_tokens: int
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Teacher-forced log-probabilities of ``continuation`` after ``prompt``."""
+
+    prompt: str
+    continuation: str
+
+
+@dataclass
+class Scored:
+    token_logprobs: list[float]
+    prompt_tokens: int
+    tokens: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.token_logprobs))
