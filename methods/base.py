@@ -1,0 +1,127 @@
+"""Methods as named stages over one query's state, and the registry of methods.
+
+A method is a config (its paper's defaults, validated at start) plus an ordered list of
+stages. A stage is an async function over a QueryState; returning a list fans the query
+out into parts (each carries ``part``/``parts`` so a join can gather them again). Methods
+never import Beam: the same stages run in the pipeline, in tests and in benchmarks.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from specrag.inference.trace import Trace
+
+
+@dataclass
+class QueryState:
+    query: dict[str, Any]
+    docs: list[Any] = field(default_factory=list)
+    raw_output: str = ""
+    answer: str = ""
+    choice: str | None = None
+    trace: Trace = field(default_factory=Trace)
+    part: int = 0
+    parts: int = 1
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.query["id"]
+
+    def fork(self, part: int, parts: int) -> "QueryState":
+        """A fanned-out copy with a fresh trace (merged back when parts are joined)."""
+        clone = copy.deepcopy(self)
+        clone.part, clone.parts = part, parts
+        clone.trace = Trace()
+        return clone
+
+
+class Stage(Protocol):
+    name: str
+
+    async def run(self, item: QueryState, ctx: Any) -> QueryState | list[QueryState]: ...
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Base for method configs: subclasses add fields with the paper's defaults."""
+
+    def validate(self) -> None:
+        """Raise ValueError on a setting that cannot work."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Method:
+    """A named RAG method: config + stages + which services it needs."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[MethodConfig]] = MethodConfig
+    model_roles: ClassVar[tuple[str, ...]] = ("generator",)
+    needs_retriever: ClassVar[bool] = False
+
+    def __init__(self, config: MethodConfig | None = None, **overrides: Any):
+        if config is None:
+            config = self.config_class(**overrides)
+        elif overrides:
+            config = dataclasses.replace(config, **overrides)
+        config.validate()
+        self.config = config
+
+    def stages(self) -> list[Stage]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """Short hash of method name + config: results of different settings never mix."""
+        blob = json.dumps({"method": self.name, "config": self.config.to_dict()}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# name -> "module:Class"; imported lazily so a method's heavy imports cost nothing until used.
+REGISTRY: dict[str, str] = {
+    "no-retrieval": "specrag.methods.no_retrieval:NoRetrieval",
+    "standard": "specrag.methods.standard:StandardRAG",
+}
+
+
+def method_class(name: str) -> type[Method]:
+    try:
+        target = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def create_method(name: str, **config: Any) -> Method:
+    """Build a registered method; unknown config keys are an error naming the valid ones."""
+    cls = method_class(name)
+    valid = {f.name for f in dataclasses.fields(cls.config_class)}
+    bad = set(config) - valid
+    if bad:
+        raise ValueError(f"method {name!r} has no setting(s) {sorted(bad)}; valid: {sorted(valid)}")
+    return cls(**config)
+
+
+def merge_parts(parts: list[QueryState]) -> QueryState:
+    """Re-join a query's fanned-out parts: part order, traces merged, parts in scratch."""
+    if not parts:
+        raise ValueError("merge_parts needs at least one part")
+    parts = sorted(parts, key=lambda p: p.part)
+    expected = parts[0].parts
+    if [p.part for p in parts] != list(range(expected)):
+        raise ValueError(f"query {parts[0].id}: have parts {[p.part for p in parts]} of {expected}")
+    merged = copy.deepcopy(parts[0])
+    merged.trace = Trace()
+    for p in parts:
+        merged.trace.merge(p.trace)
+    merged.part, merged.parts = 0, 1
+    merged.scratch["parts"] = parts
+    return merged

@@ -1,0 +1,53 @@
+"""Stages shared by several methods: retrieve for the question, generate the final answer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specrag.inference.types import GenerateRequest
+from specrag.methods.base import QueryState
+from specrag.methods.prompts import (MAX_NEW_TOKENS, build_prompt, extract_choice, extract_label,
+                                     extract_short_answer)
+
+
+@dataclass
+class Retrieve:
+    """Top-k documents for the question, replacing the state's documents."""
+
+    k: int
+    name: str = "Retrieve"
+
+    async def run(self, item: QueryState, ctx) -> QueryState:
+        item.docs = await ctx.retrieve(item.query["question"], self.k, stage=self.name)
+        return item
+
+
+def finalise_answer(item: QueryState, output: str) -> QueryState:
+    """Set raw output, answer and (closed-set tasks) the extracted choice or label."""
+    q = item.query
+    item.raw_output = output
+    if q["task_type"] == "multiple_choice":
+        item.choice = extract_choice(output, q["choice_labels"], q["choices"])
+        item.answer = item.choice or extract_short_answer(output)
+    elif q["task_type"] == "claim_verification":
+        item.choice = extract_label(output)
+        item.answer = item.choice or extract_short_answer(output)
+    elif q["task_type"] == "long_form":
+        item.answer = output.strip()
+    else:
+        item.answer = extract_short_answer(output)
+    return item
+
+
+@dataclass
+class Generate:
+    """One generation with the state's documents (none for no-retrieval) in the prompt."""
+
+    max_new_tokens: int | None = None  # None: the task type's default
+    name: str = "Generate"
+
+    async def run(self, item: QueryState, ctx) -> QueryState:
+        q = item.query
+        request = GenerateRequest(build_prompt(q, item.docs),
+                                  max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]])
+        out = await ctx.generate(request)
+        return finalise_answer(item, out.text)

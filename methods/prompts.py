@@ -1,0 +1,89 @@
+"""Prompt templates per task type and answer extraction for closed-set tasks.
+
+Instructions follow the Self-RAG evaluation setting that Speculative RAG and SPS adopt
+(Asai et al., 2024, Table 6 of SPS): PopQA/TriviaQA get the bare question, ARC the
+four-candidates instruction, PubHealth the true/false instruction, ASQA the long-form
+instruction. The short-form instruction is AED-RAG's (Table 6), which small models follow.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+INSTRUCTIONS = {
+    "short_form": "Answer the question below concisely in a few words.",
+    "multiple_choice": "Given four answer candidates, A, B, C and D, choose the best answer choice. "
+                       "Reply with the letter of the best choice first.",
+    "claim_verification": "Is the following statement correct or not? Say true if it's correct; "
+                          "otherwise say false.",
+    "long_form": "Answer the following question. The question may be ambiguous and have multiple "
+                 "correct answers, and in that case, you have to provide a long-form answer "
+                 "including all correct answers.",
+}
+
+MAX_NEW_TOKENS = {"short_form": 32, "multiple_choice": 24, "claim_verification": 16, "long_form": 200}
+
+
+def format_documents(docs: Sequence[Any], max_chars: int = 1200) -> str:
+    """Numbered documents with titles; long passages are clipped so prompts stay bounded."""
+    lines = []
+    for i, d in enumerate(docs, 1):
+        text = d.text if len(d.text) <= max_chars else d.text[:max_chars].rsplit(" ", 1)[0] + " ..."
+        lines.append(f"[{i}] {d.title}\n{text}" if d.title else f"[{i}] {text}")
+    return "\n\n".join(lines)
+
+
+def task_input(query: dict) -> str:
+    """The question as the task presents it (with its options for multiple choice)."""
+    if query["task_type"] == "multiple_choice":
+        opts = "\n".join(f"{lab}: {txt}" for lab, txt in zip(query["choice_labels"], query["choices"]))
+        return f"{query['question']}\n{opts}"
+    return query["question"]
+
+
+def build_prompt(query: dict, docs: Sequence[Any] = ()) -> str:
+    """Documents (if any), then the task instruction, then the input."""
+    parts = []
+    if docs:
+        parts.append("### Documents:\n" + format_documents(docs))
+    parts.append("### Instruction:\n" + INSTRUCTIONS[query["task_type"]])
+    parts.append("### Input:\n" + task_input(query))
+    return "\n\n".join(parts) + "\n\n### Response:\n"
+
+
+_PREFIX = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?(?:answer|response)\s*(?:is)?\s*[:\-]?\s*", re.I)
+
+
+def extract_short_answer(output: str) -> str:
+    """First non-empty line, without an 'Answer:' prefix."""
+    for line in output.strip().splitlines():
+        line = _PREFIX.sub("", line.strip()).strip()
+        if line:
+            return line
+    return ""
+
+
+def extract_choice(output: str, labels: Sequence[str], choices: Sequence[str]) -> str | None:
+    """The chosen label: an explicit letter first, else the unique choice text mentioned."""
+    text = output.strip()
+    alts = "|".join(re.escape(l) for l in labels)
+    patterns = [rf"^\(?({alts})\)?(?:[\s:.)]|$)",
+                rf"(?:answer|choice|option)\s*(?:is|:)?\s*\(?({alts})\b",
+                rf"\b({alts})\s*[:)]"]
+    for p in patterns:
+        m = re.search(p, text, flags=re.M | re.I if p.startswith("(?:") else re.M)
+        if m:
+            letter = m.group(1).upper()
+            for lab in labels:
+                if lab.upper() == letter:
+                    return lab
+    low = text.lower()
+    mentioned = [lab for lab, c in zip(labels, choices) if c and c.lower() in low]
+    return mentioned[0] if len(mentioned) == 1 else None
+
+
+def extract_label(output: str, labels: Sequence[str] = ("true", "false")) -> str | None:
+    """The first label word in the output (claim verification)."""
+    words = "|".join(re.escape(l) for l in labels)
+    m = re.search(rf"\b({words})\b", output.lower())
+    return m.group(1) if m else None

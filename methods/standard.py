@@ -1,0 +1,28 @@
+"""Standard RAG: retrieve top-k for the question, put all documents in the prompt, generate."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specrag.methods.base import Method, MethodConfig
+from specrag.methods.common import Generate, Retrieve
+
+
+@dataclass(frozen=True)
+class StandardConfig(MethodConfig):
+    top_k: int = 10  # Speculative RAG / SPS: top-10 documents in the prompt
+    max_new_tokens: int | None = None
+
+    def validate(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class StandardRAG(Method):
+    name = "standard"
+    config_class = StandardConfig
+    needs_retriever = True
+
+    def stages(self):
+        return [Retrieve(self.config.top_k), Generate(self.config.max_new_tokens)]

@@ -1,0 +1,71 @@
+"""BM25 with bm25s (Lucene's BM25 variant), English stopwords and the Snowball stemmer."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specrag.retrieval.base import DocStore, Hit, passage_text
+
+K1, B = 0.9, 0.4  # Anserini/pyserini defaults, so bm25s and Lucene rank alike
+
+
+def _tokenize(texts: Sequence[str]) -> list[list[str]]:
+    import bm25s
+    import Stemmer
+    stemmer = Stemmer.Stemmer("english")
+    return bm25s.tokenize(list(texts), stopwords="en", stemmer=stemmer, return_ids=False,
+                          show_progress=False)
+
+
+def build_bm25(store: DocStore, out_dir: Path, k1: float = K1, b: float = B) -> dict:
+    """Index every passage of the store (row order = bm25s document index)."""
+    import bm25s
+    tokens = _tokenize([passage_text(t, x) for t, x in zip(store.titles, store.texts)])
+    index = bm25s.BM25(k1=k1, b=b, method="lucene")
+    index.index(tokens, show_progress=False)
+    index.save(str(out_dir), show_progress=False)
+    params = {"k1": k1, "b": b, "method": "lucene", "stemmer": "english", "stopwords": "en"}
+    (out_dir / "specrag_bm25.json").write_text(json.dumps(params))
+    return params
+
+
+class BM25Retriever:
+    """bm25s search; ``score`` uses the same index statistics as search."""
+
+    kind = "bm25"
+
+    def __init__(self, index_dir: Path, store: DocStore):
+        import bm25s
+        self.store = store
+        self.index = bm25s.BM25.load(str(index_dir), show_progress=False, verbosity=0)
+        self.vocab = self.index.vocab_dict
+
+    def _query_ids(self, query: str) -> list[int]:
+        return [self.vocab[t] for t in _tokenize([query])[0] if t in self.vocab]
+
+    def _scores(self, query: str) -> np.ndarray:
+        ids = self._query_ids(query)
+        if not ids:  # no indexed term: every document scores 0
+            return np.zeros(len(self.store), dtype=np.float32)
+        return self.index.get_scores_from_ids(ids)
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        k = min(k, len(self.store))
+        out = []
+        for q in queries:
+            scores = self._scores(q)
+            # stable tie-break on row number: equal scores keep corpus order
+            top = np.lexsort((np.arange(len(scores)), -scores))[:k]
+            # like Lucene, only documents that match a query term are hits
+            out.append([self.store.hit(int(r), scores[r]) for r in top if scores[r] > 0])
+        return out
+
+    def score(self, query: str, doc_ids: Sequence[str]) -> list[float]:
+        scores = self._scores(query)
+        return [float(scores[r]) for r in self.store.rows(doc_ids)]
+
+    def fetch(self, doc_ids: Sequence[str]) -> list[Hit]:
+        return [self.store.hit(r, 0.0) for r in self.store.rows(doc_ids)]

@@ -1,0 +1,97 @@
+"""Index folders: what ``specrag build-index`` writes and how retrievers open them.
+
+Layout::
+
+    index_dir/
+      manifest.json        kinds, passage count, corpus fingerprint, embedder, parameters
+      passages.parquet     the validated, deduplicated passages (the document store)
+      embeddings/*.parquet embedding shards written by the Beam job (dense only)
+      bm25/                bm25s index
+      dense/               FAISS index + the matrix it was built from
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from specrag.retrieval.base import DocStore, Retriever
+
+KINDS = ("bm25", "dense")
+MANIFEST = "manifest.json"
+
+
+def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra: dict) -> dict:
+    """Build the requested index kinds from the passages (and embedding shards) on disk."""
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown index kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    store = DocStore(index_dir / "passages.parquet")
+    if len(store) == 0:
+        raise ValueError("the corpus has no valid passages; nothing to index")
+    manifest = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "passages": len(store), "kinds": {}, **extra}
+    if "bm25" in kinds:
+        from specrag.retrieval.bm25 import build_bm25
+        out = index_dir / "bm25"
+        out.mkdir(exist_ok=True)
+        manifest["kinds"]["bm25"] = build_bm25(store, out)
+    if "dense" in kinds:
+        from specrag.retrieval.dense import build_flat
+        matrix = load_embedding_shards(index_dir / "embeddings", store)
+        out = index_dir / "dense"
+        out.mkdir(exist_ok=True)
+        manifest["kinds"]["dense"] = {**build_flat(matrix, out), "embedder": embedder}
+    (index_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
+
+
+def load_embedding_shards(shard_dir: Path, store: DocStore) -> np.ndarray:
+    """Assemble the (id, vector) shards into a matrix in document-store row order."""
+    files = sorted(shard_dir.glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no embedding shards in {shard_dir}")
+    matrix = None
+    seen = np.zeros(len(store), dtype=bool)
+    for f in files:
+        t = pq.read_table(f)
+        ids = t.column("id").to_pylist()
+        vecs = np.asarray(t.column("vector").to_pylist(), dtype=np.float32)
+        if matrix is None:
+            matrix = np.zeros((len(store), vecs.shape[1]), dtype=np.float32)
+        rows = store.rows(ids)
+        matrix[rows] = vecs
+        seen[rows] = True
+    if not seen.all():
+        raise ValueError(f"{int((~seen).sum())} passages have no embedding")
+    return matrix
+
+
+def read_manifest(index_dir: Path) -> dict:
+    path = Path(index_dir) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{index_dir} is not a specrag index (no {MANIFEST}); "
+                                "build one with `specrag build-index`")
+    return json.loads(path.read_text())
+
+
+def open_retriever(index_dir: Path | str, kind: str,
+                   embed: Callable[[list[str]], np.ndarray] | None = None) -> Retriever:
+    """Open one kind of an index folder; dense needs the query embedder."""
+    index_dir = Path(index_dir)
+    manifest = read_manifest(index_dir)
+    if kind not in manifest["kinds"]:
+        raise ValueError(f"index {index_dir} has no {kind!r} index (has: {sorted(manifest['kinds'])}); "
+                         f"rebuild with `specrag build-index --kinds {kind}`")
+    store = DocStore(index_dir / "passages.parquet")
+    if kind == "bm25":
+        from specrag.retrieval.bm25 import BM25Retriever
+        return BM25Retriever(index_dir / "bm25", store)
+    from specrag.retrieval.dense import DenseRetriever
+    if embed is None:
+        raise ValueError("dense retrieval needs a query embedder")
+    return DenseRetriever(index_dir / "dense", store, embed)

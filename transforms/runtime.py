@@ -1,0 +1,95 @@
+"""Runtime configuration and the per-process services it builds (no Beam import here).
+
+A RuntimeConfig is small, picklable and validated at start; every worker process turns it
+into Services (models loaded once, index opened once) on first use, in ``DoFn.setup``.
+Benchmarks and tests use the same function, so a Beam run and a direct run load alike.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specrag.inference.engine import EngineConfig, Services
+from specrag.inference.models import MODELS
+
+BACKENDS = ("local",)
+RETRIEVER_KINDS = ("bm25", "dense")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    backend: str = "local"
+    models: tuple[tuple[str, str], ...] = (("generator", "smollm2-135m-instruct"),
+                                           ("scorer", "gemma3-270m"),
+                                           ("embedder", "all-minilm-l6-v2"))
+    index_dir: str | None = None
+    retriever: str = "bm25"
+    num_threads: int = 1
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def validate(self, roles: tuple[str, ...] = (), needs_retriever: bool = False) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        models = dict(self.models)
+        for role, name in models.items():
+            if name not in MODELS:
+                raise ValueError(f"{role}: unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
+        missing = [r for r in roles if r not in models]
+        if missing:
+            raise ValueError(f"the method needs model role(s) {missing}; configured: {sorted(models)}")
+        if self.num_threads < 1:
+            raise ValueError("num_threads must be >= 1")
+        if self.retriever not in RETRIEVER_KINDS:
+            raise ValueError(f"unknown retriever {self.retriever!r}; known: {', '.join(RETRIEVER_KINDS)}")
+        if needs_retriever:
+            if not self.index_dir:
+                raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
+            from specrag.retrieval.index import read_manifest
+            manifest = read_manifest(Path(self.index_dir))
+            if self.retriever not in manifest["kinds"]:
+                raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index "
+                                 f"(has: {sorted(manifest['kinds'])})")
+
+    def with_roles(self, roles: tuple[str, ...]) -> "RuntimeConfig":
+        """Only the model roles a method uses (so unused models are never loaded)."""
+        keep = set(roles) | ({"embedder"} if self.retriever == "dense" else set())
+        return dataclasses.replace(self, models=tuple((r, m) for r, m in self.models if r in keep))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_LOCK = threading.Lock()
+_SERVICES: dict[RuntimeConfig, Services] = {}
+_BACKENDS: dict[tuple, Any] = {}
+
+
+def _backend(kind: str, model: str, threads: int):
+    key = (kind, model, threads)
+    if key not in _BACKENDS:
+        from specrag.inference.local import LocalBackend, LocalModelConfig
+        _BACKENDS[key] = LocalBackend(LocalModelConfig(model, num_threads=threads))
+    return _BACKENDS[key]
+
+
+def get_services(config: RuntimeConfig) -> Services:
+    """Process-wide Services for a config: each model is loaded once per process."""
+    with _LOCK:
+        if config in _SERVICES:
+            return _SERVICES[config]
+        models = {role: _backend(config.backend, name, config.num_threads) for role, name in config.models}
+        retriever = None
+        if config.index_dir:
+            from specrag.retrieval.index import open_retriever
+            embed = None
+            if config.retriever == "dense":
+                embedder = models.get("embedder") or _backend(config.backend, "all-minilm-l6-v2",
+                                                              config.num_threads)
+                embed = embedder.embed
+            retriever = open_retriever(config.index_dir, config.retriever, embed)
+        services = Services(models=models, retriever=retriever)
+        _SERVICES[config] = services
+        return services

@@ -1,0 +1,52 @@
+"""Validation of input rows and removal of duplicate ids; rejects go to dead letters."""
+from __future__ import annotations
+
+import apache_beam as beam
+
+from specrag.schemas.validation import RowError
+from specrag.transforms.records import DEAD, dead_letter
+
+
+class _Validate(beam.DoFn):
+    def __init__(self, validator, stage: str):
+        self._validator = validator
+        self._stage = stage
+
+    def process(self, row: dict):
+        order, source = row.pop("_order", None), row.pop("_source", None)
+        try:
+            clean = self._validator(row)
+        except RowError as e:
+            yield beam.pvalue.TaggedOutput(DEAD, dead_letter(
+                row.get("id"), self._stage, e, {**row, "_source": source}))
+            return
+        yield clean["id"], (order, source, clean)
+
+
+def _first_of_id(element):
+    qid, rows = element
+    rows = sorted(rows, key=lambda r: r[0])  # (file, row): the first occurrence wins
+    _, first_source, first = rows[0]
+    yield first
+    for _, source, row in rows[1:]:
+        yield beam.pvalue.TaggedOutput(DEAD, dead_letter(
+            qid, "validate", f"duplicate id {qid!r} (first seen at {first_source})",
+            {**row, "_source": source}))
+
+
+class ValidateRows(beam.PTransform):
+    """Rows → (valid rows, dead letters). Duplicate ids keep their first row only."""
+
+    def __init__(self, validator, stage: str = "validate"):
+        super().__init__()
+        self._validator = validator
+        self._stage = stage
+
+    def expand(self, rows):
+        checked = rows | "Check" >> beam.ParDo(_Validate(self._validator, self._stage)).with_outputs(
+            DEAD, main="valid")
+        unique = (checked.valid
+                  | "GroupById" >> beam.GroupByKey()
+                  | "FirstOfId" >> beam.FlatMap(_first_of_id).with_outputs(DEAD, main="valid"))
+        dead = (checked[DEAD], unique[DEAD]) | "DeadLetters" >> beam.Flatten()
+        return unique.valid, dead
