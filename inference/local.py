@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrag.inference.kv_cache import can_stack, stack_caches
 from specrag.inference.models import materialise, model_spec
 from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
 
@@ -36,6 +37,13 @@ class LocalModelConfig:
     model: str
     num_threads: int = 1
     max_prompt_tokens: int = 4096
+    dtype: str = "float32"  # "bfloat16" is ~2x faster on CPUs with AMX/AVX512-BF16, not bit-equal
+
+    def torch_dtype(self):
+        import torch
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        return getattr(torch, self.dtype)
 
 
 class LocalCausalLM:
@@ -52,7 +60,7 @@ class LocalCausalLM:
         self.name = config.model
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype()).eval()
         self.instruct = config.model in _INSTRUCT and bool(self.tokenizer.chat_template)
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -61,6 +69,7 @@ class LocalCausalLM:
         self.eos_ids = sorted(set(eos))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._lock = threading.Lock()
+        self._stackable: bool | None = None  # learnt from the first prefilled cache
 
     # -- tokenisation -------------------------------------------------------------------
     def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
@@ -82,12 +91,40 @@ class LocalCausalLM:
         with self._lock:
             return self._generate(requests)
 
+    def _prefill(self, prompts: list[list[int]], extra_capacity: int):
+        """KV cache, attention mask, last positions and next-token logits for a batch.
+
+        Rows are prefilled one at a time and stacked (see kv_cache); models whose cache
+        cannot be stacked (sliding-window layers) fall back to one left-padded forward.
+        """
+        import torch
+        from transformers.cache_utils import DynamicCache
+        if len(prompts) > 1 and self._stackable is not False:
+            caches, logits = [], []
+            for ids in prompts:
+                cache = DynamicCache()
+                res = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True,
+                                 logits_to_keep=1)  # the vocab projection of 1 position, not all
+                if self._stackable is None:
+                    self._stackable = can_stack(res.past_key_values)
+                    if not self._stackable:
+                        break
+                caches.append(res.past_key_values)
+                logits.append(res.logits[:, -1, :])
+            if self._stackable:
+                ids, mask = _left_pad(prompts, self.pad_id)
+                last_pos = torch.tensor([len(p) - 1 for p in prompts])
+                return stack_caches(caches, extra_capacity), mask, last_pos, torch.cat(logits)
+        ids, mask = _left_pad(prompts, self.pad_id)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        return res.past_key_values, mask, positions[:, -1], res.logits[:, -1, :]
+
     def _generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         import torch
         prompts = [self.prompt_ids(r.prompt, r.chat) for r in requests]
         n = len(requests)
-        ids, mask = _left_pad(prompts, self.pad_id)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         generators = [torch.Generator().manual_seed(r.seed) if r.temperature > 0 else None
                       for r in requests]
         out_ids: list[list[int]] = [[] for _ in range(n)]
@@ -96,10 +133,7 @@ class LocalCausalLM:
         finish = ["length"] * n
         active = list(range(n))  # rows of the current batch -> request index
         with torch.inference_mode():
-            res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-            past = res.past_key_values
-            logits = res.logits[:, -1, :]
-            last_pos = positions[:, -1]
+            past, mask, last_pos, logits = self._prefill(prompts, max(r.max_new_tokens for r in requests))
             while active:
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 next_tokens = []
@@ -182,7 +216,7 @@ class LocalEncoder:
         path = materialise(config.model)
         self.name = config.model
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+        self.model = AutoModel.from_pretrained(path, dtype=config.torch_dtype()).eval()
         self.max_length = 256
         self._lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)
@@ -202,7 +236,7 @@ class LocalEncoder:
                 m = enc["attention_mask"].unsqueeze(-1).float()
                 pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-                out[idx] = pooled.numpy()
+                out[idx] = pooled.float().numpy()
         return out
 
 

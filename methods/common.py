@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from specrag.inference.types import GenerateRequest
 from specrag.methods.base import QueryState
-from specrag.methods.prompts import (MAX_NEW_TOKENS, build_prompt, extract_choice, extract_label,
+from specrag.methods.prompts import (MAX_NEW_TOKENS, STOP, build_prompt, extract_choice, extract_label,
                                      extract_short_answer)
 
 
@@ -47,7 +47,7 @@ class Generate:
 
     async def run(self, item: QueryState, ctx) -> QueryState:
         q = item.query
-        request = GenerateRequest(build_prompt(q, item.docs),
+        request = GenerateRequest(build_prompt(q, item.docs), stop=STOP[q["task_type"]],
                                   max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]])
         out = await ctx.generate(request)
         return finalise_answer(item, out.text)

@@ -29,54 +29,65 @@ def format_documents(docs: Sequence[Any], max_chars: int = 1200) -> str:
     lines = []
     for i, d in enumerate(docs, 1):
         text = d.text if len(d.text) <= max_chars else d.text[:max_chars].rsplit(" ", 1)[0] + " ..."
-        lines.append(f"[{i}] {d.title}\n{text}" if d.title else f"[{i}] {text}")
-    return "\n\n".join(lines)
+        lines.append(f"[{i}] {d.title}: {text}" if d.title else f"[{i}] {text}")
+    return "\n".join(lines)
 
 
 def task_input(query: dict) -> str:
     """The question as the task presents it (with its options for multiple choice)."""
     if query["task_type"] == "multiple_choice":
-        opts = "\n".join(f"{lab}: {txt}" for lab, txt in zip(query["choice_labels"], query["choices"]))
-        return f"{query['question']}\n{opts}"
-    return query["question"]
+        opts = "\n".join(f"{lab}. {txt}" for lab, txt in zip(query["choice_labels"], query["choices"]))
+        return f"Question: {query['question']}\n{opts}"
+    if query["task_type"] == "claim_verification":
+        return f"Statement: {query['question']}"
+    return f"Question: {query['question']}"
 
 
 def build_prompt(query: dict, docs: Sequence[Any] = ()) -> str:
-    """Documents (if any), then the task instruction, then the input."""
-    parts = []
+    """Instruction, then the documents (if any), then the input; plain text for chat models."""
+    parts = [INSTRUCTIONS[query["task_type"]]]
     if docs:
-        parts.append("### Documents:\n" + format_documents(docs))
-    parts.append("### Instruction:\n" + INSTRUCTIONS[query["task_type"]])
-    parts.append("### Input:\n" + task_input(query))
-    return "\n\n".join(parts) + "\n\n### Response:\n"
+        parts.append("Documents:\n" + format_documents(docs))
+    parts.append(task_input(query))
+    return "\n\n".join(parts) + "\nAnswer:"
+
+
+# short outputs end at the first line break; long-form answers run to EOS or the limit
+STOP = {"short_form": ("\n",), "multiple_choice": ("\n\n",), "claim_verification": ("\n",), "long_form": ()}
 
 
 _PREFIX = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?(?:answer|response)\s*(?:is)?\s*[:\-]?\s*", re.I)
 
 
 def extract_short_answer(output: str) -> str:
-    """First non-empty line, without an 'Answer:' prefix."""
+    """First non-empty line, without an 'Answer:' prefix or a final full stop."""
     for line in output.strip().splitlines():
         line = _PREFIX.sub("", line.strip()).strip()
         if line:
-            return line
+            return line[:-1] if line.endswith(".") else line
     return ""
 
 
 def extract_choice(output: str, labels: Sequence[str], choices: Sequence[str]) -> str | None:
-    """The chosen label: an explicit letter first, else the unique choice text mentioned."""
+    """The chosen label. Small models often echo "A: <text>" with the text of another option:
+    an option's full text in the first line outranks a letter whose text is absent."""
     text = output.strip()
+    first = text.splitlines()[0] if text else ""
+    low_first = first.lower()
+    by_text = [lab for lab, c in zip(labels, choices) if c and c.lower() in low_first]
     alts = "|".join(re.escape(l) for l in labels)
-    patterns = [rf"^\(?({alts})\)?(?:[\s:.)]|$)",
-                rf"(?:answer|choice|option)\s*(?:is|:)?\s*\(?({alts})\b",
-                rf"\b({alts})\s*[:)]"]
+    patterns = [rf"^\(?({alts})\)?(?:[\s:.)]|$)", rf"(?i:answer|choice|option)\s*(?:is|:)?\s*\(?({alts})\b",
+                rf"\b({alts})\s*[:.)]"]
+    letter = None
     for p in patterns:
-        m = re.search(p, text, flags=re.M | re.I if p.startswith("(?:") else re.M)
+        m = re.search(p, text, flags=re.M)
         if m:
-            letter = m.group(1).upper()
-            for lab in labels:
-                if lab.upper() == letter:
-                    return lab
+            letter = next(l for l in labels if l.upper() == m.group(1).upper())
+            break
+    if len(by_text) == 1 and (letter is None or by_text[0] != letter):
+        return by_text[0]
+    if letter is not None:
+        return letter
     low = text.lower()
     mentioned = [lab for lab, c in zip(labels, choices) if c and c.lower() in low]
     return mentioned[0] if len(mentioned) == 1 else None

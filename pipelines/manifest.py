@@ -22,8 +22,8 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write_manifest(out_dir: Path, content: dict) -> dict:
+def write_manifest(out_dir: Path, content: dict, name: str = "manifest.json") -> dict:
     manifest = {"written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "versions": versions(), **content}
-    (Path(out_dir) / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    (Path(out_dir) / name).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return manifest

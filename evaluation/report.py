@@ -1,0 +1,71 @@
+"""Join results with gold queries and aggregate metrics per dataset and method."""
+from __future__ import annotations
+
+import glob
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from specrag.evaluation.metrics import TASK_METRICS, score_row
+
+
+def _read(pattern: str) -> list[dict]:
+    files = sorted(glob.glob(pattern))
+    rows = []
+    for f in files:
+        rows.extend(pq.read_table(f).to_pylist())
+    return rows
+
+
+def evaluate_run(results_dir: Path, queries: str) -> dict:
+    """Metrics per (dataset, method) for one run folder; missing gold is an error."""
+    results = _read(str(Path(results_dir) / "results-*.parquet"))
+    dead = _read(str(Path(results_dir) / "dead_letters-*.parquet"))
+    gold = {q["id"]: q for q in _read(queries)}
+    if not gold:
+        raise FileNotFoundError(f"no gold queries found at {queries}")
+    sums: dict[tuple, dict] = defaultdict(lambda: defaultdict(float))
+    counts: dict[tuple, int] = defaultdict(int)
+    latency: dict[tuple, list] = defaultdict(list)
+    unknown = [r["id"] for r in results if r["id"] not in gold]
+    if unknown:
+        raise ValueError(f"{len(unknown)} result ids are not in the gold queries, e.g. {unknown[:3]}")
+    for r in results:
+        g = gold[r["id"]]
+        key = (g["dataset"] or "-", r["method"], g["task_type"])
+        for name, value in score_row(g["task_type"], r["answer"] or "", r["raw_output"] or "",
+                                     r["choice"], g).items():
+            sums[key][name] += value
+        counts[key] += 1
+        latency[key].append(r["trace"]["timings"]["total_s"])
+    dead_by_dataset: dict[str, int] = defaultdict(int)
+    for d in dead:
+        ds = gold.get(d["id"] or "", {}).get("dataset") or "-"
+        dead_by_dataset[ds] += 1
+    rows = []
+    for key in sorted(counts):
+        dataset, method, task = key
+        n = counts[key]
+        lat = sorted(latency[key])
+        rows.append({"dataset": dataset, "method": method, "task_type": task, "n": n,
+                     "dead_letters": dead_by_dataset.get(dataset, 0),
+                     **{m: round(100 * sums[key][m] / n, 2) for m in TASK_METRICS[task]},
+                     "mean_latency_s": round(sum(lat) / n, 3), "median_latency_s": round(lat[n // 2], 3)})
+    return {"results_dir": str(results_dir), "rows": rows, "dead_letters": len(dead)}
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table (metrics in %, latency in seconds)."""
+    metric_cols = [c for c in ("contains", "em", "f1", "accuracy", "str_em", "rouge_l")
+                   if any(c in r for r in rows)]
+    cols = ["dataset", "task_type", "method", "n", "dead_letters", *metric_cols, "mean_latency_s"]
+    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths))
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *(line(x) for x in cells)])
+
+
+def save_report(report: dict, path: Path) -> None:
+    path.write_text(json.dumps(report, indent=2))

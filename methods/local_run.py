@@ -1,0 +1,33 @@
+"""Run a method's stages over many queries without Beam (tests, benchmarks, notebooks).
+
+The same stage code and the same engine as the pipeline; fan-out parts are re-joined in
+memory where the pipeline uses its keyed GatherParts join.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from specrag.methods.base import Method, QueryState, merge_parts
+
+
+def run_method(engine: Any, method: Method, queries: list[dict]) -> tuple[list[QueryState], list[dict]]:
+    """Returns (finished states in input order, failures as {id, stage, error})."""
+    states = [QueryState(query=q) for q in queries]
+    failures: list[dict] = []
+    for stage in method.stages():
+        if getattr(stage, "gather", False):
+            by_id: dict[str, list[QueryState]] = defaultdict(list)
+            for s in states:
+                by_id[s.id].append(s)
+            states = [merge_parts(parts) for parts in by_id.values()]
+        outcomes = engine.run_stage(stage, states)
+        next_states = []
+        for state, outcome in zip(states, outcomes):
+            if outcome.error is not None:
+                failures.append({"id": state.id, "stage": stage.name, "error": repr(outcome.error)})
+            else:
+                next_states.extend(outcome.outputs)
+        states = next_states
+    order = {q["id"]: i for i, q in enumerate(queries)}
+    return sorted(states, key=lambda s: order[s.id]), failures

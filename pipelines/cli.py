@@ -1,0 +1,165 @@
+"""The `specrag` command: import-data, build-index, answer, evaluate, demo.
+
+Arguments the command does not know are passed to Beam as pipeline options (for example
+``--runner=PortableRunner --job_endpoint=...``); the default runner is the FnApiRunner.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights come from installed packages only
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _beam_args(extra: list[str]) -> tuple[str, ...]:
+    if not any(a.startswith("--runner") for a in extra):
+        extra = ["--runner=FnApiRunner", *extra]
+    return tuple(extra)
+
+
+def _method_config(pairs: list[str]) -> dict:
+    """--set key=value (JSON values: numbers, true/false, null; anything else is a string)."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"--set expects key=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def _runtime(args):
+    from specrag.inference.engine import EngineConfig
+    from specrag.transforms.runtime import RuntimeConfig
+    models = dict(RuntimeConfig().models)
+    for spec in args.model or []:
+        role, _, name = spec.partition("=")
+        models[role] = name
+    return RuntimeConfig(backend=args.backend, models=tuple(sorted(models.items())),
+                         index_dir=args.index, retriever=args.retriever, num_threads=args.threads,
+                         engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait))
+
+
+def cmd_import_data(args, extra) -> int:
+    from specrag.datasets import FORMATS, import_datasets
+    names = list(FORMATS) if args.datasets == "all" else args.datasets.split(",")
+    summary = import_datasets(Path(args.data_dir), names, Path(args.out), pool=args.pool)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_build_index(args, extra) -> int:
+    from specrag.pipelines.build_index import run_build_index
+    manifest = run_build_index(args.corpus, args.index, args.kinds.split(","), embedder=args.embedder,
+                               num_threads=args.threads, beam_args=_beam_args(extra))
+    print(json.dumps(manifest["index"], indent=2))
+    return 0
+
+
+def cmd_answer(args, extra) -> int:
+    from specrag.methods import create_method
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    method = create_method(args.method, **_method_config(args.set or []))
+    runtime = _runtime(args).with_roles(method.model_roles)
+    job = AnswerJob(args.queries, args.output, method, runtime, batch_size=args.batch_size,
+                    num_shards=args.shards, beam_args=_beam_args(extra))
+    manifest = run_answer(job)
+    print(f"wrote {args.output} ({manifest['wall_s']} s); manifest: {Path(args.output) / 'manifest.json'}")
+    return 0
+
+
+def cmd_evaluate(args, extra) -> int:
+    from specrag.evaluation.report import evaluate_run, format_table, save_report
+    rows = []
+    for run in args.runs:
+        report = evaluate_run(Path(run), args.queries)
+        rows.extend(report["rows"])
+        save_report(report, Path(run) / "evaluation.json")
+    print(format_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def cmd_demo(args, extra) -> int:
+    from specrag.pipelines.demo import run_demo
+    return run_demo(Path(args.workdir), threads=args.threads, beam_args=_beam_args(extra))
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="local", help="model backend (local)")
+    p.add_argument("--model", action="append", metavar="ROLE=NAME",
+                   help="model for a role, e.g. generator=smollm2-135m-instruct")
+    p.add_argument("--index", help="index folder from `specrag build-index`")
+    p.add_argument("--retriever", default="bm25", help="bm25 | dense")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")),
+                   help="torch threads per worker")
+    p.add_argument("--engine-batch", type=int, default=16, help="max requests per batched model call")
+    p.add_argument("--engine-wait", type=float, default=0.005, help="max seconds a request waits for a batch")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specrag", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("import-data", help="native benchmark formats → queries/corpus Parquet")
+    p.add_argument("--data-dir", default=os.environ.get("SPECRAG_DATA", "../shared/data"))
+    p.add_argument("--datasets", default="all", help="comma-separated names, or all")
+    p.add_argument("--out", required=True)
+    p.add_argument("--pool", action="store_true", help="also write one deduplicated pooled corpus")
+    p.set_defaults(fn=cmd_import_data)
+
+    p = sub.add_parser("build-index", help="corpus Parquet → index folder (Beam job)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--index", required=True)
+    p.add_argument("--kinds", default="bm25", help="comma-separated: bm25,dense")
+    p.add_argument("--embedder", default="all-minilm-l6-v2")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p.set_defaults(fn=cmd_build_index)
+
+    p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)")
+    p.add_argument("--queries", required=True, help="Parquet file or glob")
+    p.add_argument("--output", required=True, help="output folder")
+    p.add_argument("--method", default="standard")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="method setting, e.g. top_k=5")
+    p.add_argument("--batch-size", type=int, default=16, help="queries per stage batch")
+    p.add_argument("--shards", type=int, default=4, help="shard keys for keyed batching")
+    _add_runtime(p)
+    p.set_defaults(fn=cmd_answer)
+
+    p = sub.add_parser("evaluate", help="score one or more answer runs against gold queries")
+    p.add_argument("runs", nargs="+", help="output folders of `specrag answer`")
+    p.add_argument("--queries", required=True, help="gold queries Parquet (file or glob)")
+    p.add_argument("--json", help="also write the table rows here")
+    p.set_defaults(fn=cmd_evaluate)
+
+    p = sub.add_parser("demo", help="build the demo index, answer the demo questions, print metrics")
+    p.add_argument("--workdir", default="runs/demo")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p.set_defaults(fn=cmd_demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args, extra = parser().parse_known_args(argv)
+    unknown = [a for a in extra if not a.startswith("--")]
+    if unknown:
+        parser().error(f"unexpected arguments: {unknown}")
+    try:
+        return args.fn(args, extra)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"specrag {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
