@@ -49,7 +49,7 @@ def _runtime(args):
 
 
 def cmd_import_data(args, extra) -> int:
-    from specrag.datasets import FORMATS, import_datasets
+    from specrag.importers import FORMATS, import_datasets
     names = list(FORMATS) if args.datasets == "all" else args.datasets.split(",")
     summary = import_datasets(Path(args.data_dir), names, Path(args.out), pool=args.pool)
     print(json.dumps(summary, indent=2))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specrag.datasets.formats import FORMATS
+from specrag.importers.formats import FORMATS
 from specrag.schemas.tables import PASSAGES, QUERIES
 
 

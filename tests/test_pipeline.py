@@ -1,0 +1,150 @@
+"""The Beam answer pipeline on the FnApiRunner: dead letters, the keyed join, end-to-end runs."""
+import glob
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.methods import Method, MethodConfig, create_method
+from specrag.pipelines.answer import AnswerJob, run_answer
+from specrag.schemas import QUERIES
+from specrag.transforms.runtime import RuntimeConfig
+
+
+def _read(out, name):
+    rows = []
+    for f in sorted(glob.glob(str(out / f"{name}-*.parquet"))):
+        rows += pq.read_table(f).to_pylist()
+    return rows
+
+
+# -- a fan-out method whose stages call no model: it tests the graph and the join --------
+@dataclass
+class FanOut:
+    parts: int = 3
+    name: str = "FanOut"
+
+    async def run(self, item, ctx):
+        return [item.fork(i, self.parts) for i in range(self.parts)]
+
+
+@dataclass
+class Work:
+    name: str = "Work"
+
+    async def run(self, item, ctx):
+        if item.query["question"] == "break part 1" and item.part == 1:
+            raise RuntimeError("part 1 failed")
+        item.trace.count("model_calls")
+        item.answer = f"part{item.part}"
+        return item
+
+
+@dataclass
+class Join:
+    name: str = "Join"
+    gather: bool = True
+
+    async def run(self, item, ctx):
+        item.answer = "+".join(p.answer for p in item.scratch.pop("parts"))
+        return item
+
+
+class FanOutMethod(Method):
+    name = "fan-out-test"
+    model_roles = ()
+
+    def stages(self):
+        return [FanOut(), Work(), Join()]
+
+
+def _queries(path, rows, schema=QUERIES):
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return str(path)
+
+
+def test_fan_out_parts_are_joined_by_query_id(tmp_path):
+    rows = [{"id": f"q{i}", "question": f"question {i}"} for i in range(10)]
+    rows.append({"id": "broken", "question": "break part 1"})
+    job = AnswerJob(_queries(tmp_path / "q.parquet", rows), str(tmp_path / "out"), FanOutMethod(MethodConfig()),
+                    RuntimeConfig(models=()), batch_size=4, num_shards=3)
+    run_answer(job)
+    results = {r["id"]: r for r in _read(tmp_path / "out", "results")}
+    assert sorted(results) == sorted(f"q{i}" for i in range(10))
+    assert all(r["answer"] == "part0+part1+part2" for r in results.values())
+    assert all(r["trace"]["counts"]["model_calls"] == 3 for r in results.values())  # merged traces
+    dead = _read(tmp_path / "out", "dead_letters")
+    assert {(d["id"], d["stage"]) for d in dead} == {("broken", "Work"), ("broken", "Join")}
+    join_dead = next(d for d in dead if d["stage"] == "Join")
+    assert "incomplete" in join_dead["message"] and "[0, 2] of 3" in join_dead["message"]
+
+
+@pytest.mark.slow
+def test_bad_rows_become_dead_letters_and_the_rest_is_answered(tmp_path):
+    good = [{"id": "g1", "question": "What is the capital of France?"},
+            {"id": "g2", "question": "Name a primary colour."}]
+    bad = [{"id": "e1", "question": None}, {"id": "e2", "question": "   "},
+           {"id": "g1", "question": "duplicate of g1"}]
+    _queries(tmp_path / "part-0.parquet", good + bad)
+    # wrong type: the whole file's question column is an integer
+    pq.write_table(pa.table({"id": ["t1"], "question": [123]}), tmp_path / "part-1.parquet")
+    # invalid UTF-8: a binary question column with bytes that do not decode
+    pq.write_table(pa.table({"id": ["u1", "u2"], "question": pa.array([b"\xff\xfe\xfd", b"Who wrote Hamlet?"],
+                                                                      pa.binary())}), tmp_path / "part-2.parquet")
+    method = create_method("no-retrieval", max_new_tokens=8)
+    job = AnswerJob(str(tmp_path / "part-*.parquet"), str(tmp_path / "out"), method,
+                    RuntimeConfig().with_roles(method.model_roles), batch_size=2, num_shards=2)
+    manifest = run_answer(job)
+    results = _read(tmp_path / "out", "results")
+    dead = _read(tmp_path / "out", "dead_letters")
+    assert sorted(r["id"] for r in results) == ["g1", "g2", "u2"]
+    reasons = {(d["id"], d["message"].split(" (")[0]) for d in dead}
+    assert reasons == {("e1", "question: missing"), ("e2", "question: empty"),
+                       ("g1", "duplicate id 'g1'"), ("t1", "question: expected a string, got int"),
+                       ("u1", "question: invalid UTF-8 at byte 0")}
+    dup = next(d for d in dead if d["id"] == "g1")
+    assert json.loads(dup["raw"])["question"] == "duplicate of g1"  # the later row is the one rejected
+    assert all(r["answer"] for r in results)
+    assert manifest["method_config"]["max_new_tokens"] == 8 and len(manifest["inputs"]) == 3
+
+
+@pytest.mark.slow
+def test_cli_answer_and_evaluate_on_demo_data(tmp_path, demo_tables, demo_index, capsys):
+    from specrag.pipelines.cli import main
+    queries = str(demo_tables[0])
+    for method in ("no-retrieval", "standard"):
+        extra = ["--set", "top_k=3"] if method == "standard" else []
+        assert main(["answer", "--queries", queries, "--output", str(tmp_path / method), "--method", method,
+                     "--index", str(demo_index), "--batch-size", "8", *extra]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "no-retrieval"), str(tmp_path / "standard"), "--queries", queries]) == 0
+    table = capsys.readouterr().out
+    assert "contains" in table and "standard" in table and "no-retrieval" in table
+    n = pq.read_metadata(queries).num_rows
+    for method in ("no-retrieval", "standard"):
+        results = _read(tmp_path / method, "results")
+        assert len(results) == n and not _read(tmp_path / method, "dead_letters")
+        manifest = json.loads((tmp_path / method / "manifest.json").read_text())
+        assert manifest["versions"]["apache-beam"] == "2.77.0" and manifest["inputs"][queries]["rows"] == n
+    standard = {r["id"]: r for r in _read(tmp_path / "standard", "results")}
+    assert all(len(r["trace"]["retrieved"][0]["doc_ids"]) == 3 for r in standard.values())
+    report = json.loads((tmp_path / "standard" / "evaluation.json").read_text())
+    short = next(r for r in report["rows"] if r["task_type"] == "short_form")
+    assert short["contains"] >= 30.0  # retrieval puts the answer in the prompt; the 135M model mostly copies it
+
+
+def test_unknown_method_setting_is_rejected():
+    with pytest.raises(ValueError, match="has no setting"):
+        create_method("standard", topk=3)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        create_method("standard", top_k=0)
+
+
+def test_retrieving_method_without_index_fails_at_start(tmp_path):
+    method = create_method("standard")
+    job = AnswerJob(_queries(tmp_path / "q.parquet", [{"id": "a", "question": "q"}]), str(tmp_path / "o"), method,
+                    RuntimeConfig().with_roles(method.model_roles))
+    with pytest.raises(ValueError, match="pass --index"):
+        run_answer(job)
