@@ -14,8 +14,6 @@ ends (or after ``timeout_s`` in streaming) goes to dead letters with what was mi
 from __future__ import annotations
 
 import zlib
-from typing import Any, Tuple
-
 import apache_beam as beam
 from apache_beam.coders import PickleCoder, VarIntCoder
 from apache_beam.transforms.timeutil import TimeDomain
@@ -24,7 +22,7 @@ from apache_beam.transforms.userstate import (BagStateSpec,
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Duration, Timestamp
 
-from specrag.methods.base import QueryState, merge_parts
+from specrag.methods.base import merge_parts
 from specrag.transforms.records import DEAD, dead_letter, state_raw
 
 
@@ -33,7 +31,6 @@ def shard_of(key: str, num_shards: int) -> int:
     return zlib.crc32(key.encode("utf-8")) % num_shards
 
 
-@beam.typehints.with_input_types(Tuple[int, Any])
 class BatchByKey(beam.DoFn):
     BUFFER = BagStateSpec("buffer", PickleCoder())  # (event timestamp, value)
     COUNT = ReadModifyWriteStateSpec("count", VarIntCoder())
@@ -82,7 +79,6 @@ class BatchByKey(beam.DoFn):
             yield TimestampedValue([v for _, v in items], min(t for t, _ in items))
 
 
-@beam.typehints.with_input_types(Tuple[str, QueryState])
 class GatherParts(beam.DoFn):
     PARTS = BagStateSpec("parts", PickleCoder())
     SEEN = ReadModifyWriteStateSpec("seen", VarIntCoder())

@@ -10,6 +10,8 @@ as dead letters; the batch goes on.
 """
 from __future__ import annotations
 
+from typing import Any, Tuple
+
 import apache_beam as beam
 
 from specrag.inference.engine import Engine
@@ -57,14 +59,16 @@ class RunStage(beam.PTransform):
         dead = []
         if getattr(self.stage, "gather", False):
             joined = keyed | "RedistributeParts" >> beam.Reshuffle() | "GatherParts" >> beam.ParDo(
-                GatherParts(self.stage.name, self.gather_timeout_s)).with_outputs(DEAD, main="out")
+                GatherParts(self.stage.name, self.gather_timeout_s)).with_input_types(
+                    Tuple[str, Any]).with_outputs(DEAD, main="out")
             keyed = joined.out
             dead.append(joined[DEAD])
         n = self.num_shards
         ran = (keyed
                | "ShardByQuery" >> beam.Map(lambda kv: (shard_of(kv[0], n), kv[1]))
                | "Redistribute" >> beam.Reshuffle()
-               | "BatchByKey" >> beam.ParDo(BatchByKey(self.batch_size, self.max_wait_s))
+               | "BatchByKey" >> beam.ParDo(BatchByKey(self.batch_size, self.max_wait_s)).with_input_types(
+                   Tuple[int, Any])
                | "Run" >> beam.ParDo(_RunStageOnBatch(self.stage, self.runtime)).with_outputs(
                    DEAD, main="out"))
         dead.append(ran[DEAD])
