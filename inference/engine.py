@@ -15,6 +15,7 @@ Example usage::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +82,15 @@ class Context:
         self.trace.count("generated_tokens", len(out.token_ids))
         self._account("generation_s", start, waited)
         return out
+
+    async def generate_n(self, request: GenerateRequest, n: int, model: str = "generator") -> list[Generation]:
+        """n samples of one prompt (seeds seed, seed+1, ...), batched together with other calls."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if n > 1 and request.temperature <= 0:
+            raise ValueError("n > 1 needs temperature > 0 (greedy samples would be identical)")
+        return list(await asyncio.gather(*(self.generate(dataclasses.replace(request, seed=request.seed + i), model)
+                                           for i in range(n))))
 
     async def score(self, request: ScoreRequest, model: str = "scorer") -> Scored:
         start = time.perf_counter()

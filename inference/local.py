@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,10 @@ class LocalCausalLM:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._lock = threading.Lock()
         self._stackable: bool | None = None  # learnt from the first prefilled cache
+        # where generation time goes (benchmarks read it): prefill is compute-bound on CPU,
+        # decoding memory-bound — only the latter gains from batching
+        self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "prefill_tokens": 0, "decode_steps": 0,
+                      "decode_rows": 0, "calls": 0}
 
     # -- tokenisation -------------------------------------------------------------------
     def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
@@ -132,9 +137,13 @@ class LocalCausalLM:
         texts = [""] * n
         finish = ["length"] * n
         active = list(range(n))  # rows of the current batch -> request index
+        started = time.perf_counter()
         with torch.inference_mode():
             past, mask, last_pos, logits = self._prefill(prompts, max(r.max_new_tokens for r in requests))
+            prefilled = time.perf_counter()
             while active:
+                self.stats["decode_steps"] += 1
+                self.stats["decode_rows"] += len(active)
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 next_tokens = []
                 for row, i in enumerate(active):
@@ -174,6 +183,10 @@ class LocalCausalLM:
                                  position_ids=last_pos.unsqueeze(1), past_key_values=past, use_cache=True)
                 past = res.past_key_values
                 logits = res.logits[:, -1, :]
+        self.stats["calls"] += 1
+        self.stats["prefill_s"] += prefilled - started
+        self.stats["decode_s"] += time.perf_counter() - prefilled
+        self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
         return [Generation(texts[i], out_ids[i], out_lp[i], len(prompts[i]), finish[i]) for i in range(n)]
 
     def score(self, requests: list[ScoreRequest]) -> list[Scored]:
@@ -256,6 +269,10 @@ class LocalBackend:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self._require("embed")(texts)
+
+    @property
+    def stats(self) -> dict:
+        return getattr(self._impl, "stats", {})
 
     def _require(self, op: str):
         fn = getattr(self._impl, op, None)

@@ -69,3 +69,24 @@ def test_missing_role_is_a_clear_error():
     outcome = engine.run_stage(Ask(), [S("x", Trace())])[0]
     assert "no model backend configured for role 'generator'" in str(outcome.error)
     engine.close()
+
+
+@dataclass
+class Sample:
+    name: str = "Sample"
+
+    async def run(self, item, ctx):
+        outs = await ctx.generate_n(GenerateRequest(item.prompt, max_new_tokens=8, temperature=1.0, seed=5), 4)
+        item.out = [o.token_ids for o in outs]
+        return item
+
+
+def test_generate_n_samples_in_one_batch_reproducibly(generator):
+    counting = CountingBackend(generator)
+    engine = Engine(Services(models={"generator": counting}), EngineConfig(max_batch=8))
+    first = engine.run_stage(Sample(), [S("Invent a name for a cat.", Trace())])[0].outputs[0]
+    again = engine.run_stage(Sample(), [S("Invent a name for a cat.", Trace())])[0].outputs[0]
+    assert counting.batches == [4, 4]
+    assert first.out == again.out and len({tuple(x) for x in first.out}) > 1
+    assert first.trace.counts["model_calls"] == 4
+    engine.close()
