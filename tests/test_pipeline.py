@@ -149,3 +149,17 @@ def test_retrieving_method_without_index_fails_at_start(tmp_path):
                     RuntimeConfig().with_roles(method.model_roles))
     with pytest.raises(ValueError, match="pass --index"):
         run_answer(job)
+
+
+def test_resume_answers_only_unfinished_queries(tmp_path):
+    rows = [{"id": f"q{i}", "question": f"question {i}"} for i in range(6)]
+    method = FanOutMethod(MethodConfig())
+    job = lambda path, resume: AnswerJob(path, str(tmp_path / "out"), method, RuntimeConfig(models=()),
+                                         batch_size=4, num_shards=2, resume=resume)
+    run_answer(job(_queries(tmp_path / "first.parquet", rows[:4] + [{"id": "bad", "question": ""}]), False))
+    manifest = run_answer(job(_queries(tmp_path / "all.parquet", rows + [{"id": "bad", "question": ""}]), True))
+    assert manifest["resumed"] == {"attempt": 1, "skipped_finished": 4}
+    results = _read(tmp_path / "out", "results")
+    assert sorted(r["id"] for r in results) == [f"q{i}" for i in range(6)]  # each once
+    assert sorted(f.name.split("-")[1] for f in (tmp_path / "out").glob("results-*.parquet")) == ["000", "001"]
+    assert [d["id"] for d in _read(tmp_path / "out", "dead_letters")] == ["bad"]  # replaced, not doubled
