@@ -22,7 +22,7 @@ from specrag.retrieval.index import KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGES
 from specrag.schemas.validation import validate_passage
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
-from specrag.transforms.runtime import _backend
+from specrag.transforms.runtime import load_backend
 from specrag.transforms.validate import ValidateRows
 
 EMBEDDINGS = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32()))])
@@ -35,7 +35,7 @@ class EmbedPassages(beam.DoFn):
         self.model, self.num_threads = model, num_threads
 
     def setup(self):
-        self.encoder = _backend("local", self.model, self.num_threads)
+        self.encoder = load_backend("local", self.model, self.num_threads)
 
     def process(self, batch: list[dict]):
         vectors = self.encoder.embed([passage_text(p["title"], p["text"]) for p in batch])

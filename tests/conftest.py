@@ -57,17 +57,17 @@ def pooled_bm25(imported, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def generator():
-    from specrag.transforms.runtime import _backend
-    return _backend("local", "smollm2-135m-instruct", 1)
+    from specrag.transforms.runtime import load_backend
+    return load_backend("local", "smollm2-135m-instruct", 1)
 
 
 @pytest.fixture(scope="session")
 def scorer():
-    from specrag.transforms.runtime import _backend
-    return _backend("local", "gemma3-270m", 1)
+    from specrag.transforms.runtime import load_backend
+    return load_backend("local", "gemma3-270m", 1)
 
 
 @pytest.fixture(scope="session")
 def embedder():
-    from specrag.transforms.runtime import _backend
-    return _backend("local", "all-minilm-l6-v2", 1)
+    from specrag.transforms.runtime import load_backend
+    return load_backend("local", "all-minilm-l6-v2", 1)

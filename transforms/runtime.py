@@ -67,7 +67,8 @@ _SERVICES: dict[RuntimeConfig, Services] = {}
 _BACKENDS: dict[tuple, Any] = {}
 
 
-def _backend(kind: str, model: str, threads: int):
+def load_backend(kind: str, model: str, threads: int):
+    """One backend per (kind, model, threads) and process: weights load once per worker."""
     key = (kind, model, threads)
     if key not in _BACKENDS:
         from specrag.inference.local import LocalBackend, LocalModelConfig
@@ -80,13 +81,13 @@ def get_services(config: RuntimeConfig) -> Services:
     with _LOCK:
         if config in _SERVICES:
             return _SERVICES[config]
-        models = {role: _backend(config.backend, name, config.num_threads) for role, name in config.models}
+        models = {role: load_backend(config.backend, name, config.num_threads) for role, name in config.models}
         retriever = None
         if config.index_dir:
             from specrag.retrieval.index import open_retriever
             embed = None
             if config.retriever == "dense":
-                embedder = models.get("embedder") or _backend(config.backend, "all-minilm-l6-v2",
+                embedder = models.get("embedder") or load_backend(config.backend, "all-minilm-l6-v2",
                                                               config.num_threads)
                 embed = embedder.embed
             retriever = open_retriever(config.index_dir, config.retriever, embed)
