@@ -134,7 +134,7 @@ class LocalCausalLM:
                       for r in requests]
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lp: list[list[float]] = [[] for _ in range(n)]
-        texts = [""] * n
+        texts: list[str | None] = [None] * n  # set when a stop string cuts a row; else decoded at the end
         finish = ["length"] * n
         active = list(range(n))  # rows of the current batch -> request index
         started = time.perf_counter()
@@ -145,12 +145,14 @@ class LocalCausalLM:
                 self.stats["decode_steps"] += 1
                 self.stats["decode_rows"] += len(active)
                 logp = torch.log_softmax(logits.float(), dim=-1)
-                next_tokens = []
+                greedy = logp.argmax(-1).tolist()  # one call for the whole batch
+                next_tokens = [greedy[row] if requests[i].temperature <= 0
+                               else _choose(logp[row], requests[i], generators[i])
+                               for row, i in enumerate(active)]
+                chosen_lp = logp.gather(-1, torch.tensor(next_tokens).unsqueeze(-1)).squeeze(-1).tolist()
                 for row, i in enumerate(active):
-                    tok = _choose(logp[row], requests[i], generators[i])
-                    next_tokens.append(tok)
-                    out_ids[i].append(tok)
-                    out_lp[i].append(float(logp[row, tok]))
+                    out_ids[i].append(next_tokens[row])
+                    out_lp[i].append(chosen_lp[row])
                 keep = []
                 for row, i in enumerate(active):
                     r = requests[i]
@@ -158,13 +160,13 @@ class LocalCausalLM:
                         out_ids[i].pop(); out_lp[i].pop()  # EOS is not part of the text
                         finish[i] = "stop"
                         continue
-                    text = self.tokenizer.decode(out_ids[i], skip_special_tokens=True)
-                    cut = _first_stop(text, r.stop)
-                    if cut is not None:
-                        texts[i] = text[:cut]
-                        finish[i] = "stop"
-                        continue
-                    texts[i] = text
+                    if r.stop:  # decoding every step is only needed to find stop strings
+                        text = self.tokenizer.decode(out_ids[i], skip_special_tokens=True)
+                        cut = _first_stop(text, r.stop)
+                        if cut is not None:
+                            texts[i] = text[:cut]
+                            finish[i] = "stop"
+                            continue
                     if len(out_ids[i]) >= r.max_new_tokens:
                         continue
                     keep.append(row)
@@ -187,6 +189,8 @@ class LocalCausalLM:
         self.stats["prefill_s"] += prefilled - started
         self.stats["decode_s"] += time.perf_counter() - prefilled
         self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
+        texts = [t if t is not None else self.tokenizer.decode(ids, skip_special_tokens=True)
+                 for t, ids in zip(texts, out_ids)]
         return [Generation(texts[i], out_ids[i], out_lp[i], len(prompts[i]), finish[i]) for i in range(n)]
 
     def score(self, requests: list[ScoreRequest]) -> list[Scored]:
