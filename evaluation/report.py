@@ -53,7 +53,19 @@ def evaluate_run(results_dir: Path, queries: str) -> dict:
                      "dead_letters": dead_by_dataset.get(dataset, 0),
                      **{m: round(100 * sums[key][m] / n, 2) for m in TASK_METRICS[task]},
                      "mean_latency_s": round(sum(lat) / n, 3), "median_latency_s": round(lat[n // 2], 3)})
-    return {"results_dir": str(results_dir), "rows": rows, "dead_letters": len(dead)}
+    return {"results_dir": str(results_dir), "rows": rows, "dead_letters": len(dead),
+            "coverage": coverage(results, dead, gold)}
+
+
+def coverage(results: list[dict], dead: list[dict], gold: dict[str, dict]) -> dict:
+    """Is every input id in exactly one of results or dead letters?"""
+    result_ids = [r["id"] for r in results]
+    dead_ids = {d["id"] for d in dead if d["id"] is not None}
+    answered = set(result_ids)
+    return {"queries": len(gold), "answered": len(answered), "dead_letter_ids": len(dead_ids - answered),
+            "missing": len(set(gold) - answered - dead_ids),
+            "duplicate_results": len(result_ids) - len(answered),
+            "in_results_and_dead_letters": len(answered & dead_ids)}
 
 
 def format_table(rows: list[dict]) -> str:

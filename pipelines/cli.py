@@ -83,6 +83,10 @@ def cmd_evaluate(args, extra) -> int:
         report = evaluate_run(Path(run), args.queries)
         rows.extend(report["rows"])
         save_report(report, Path(run) / "evaluation.json")
+        cov = report["coverage"]
+        print(f"{run}: {cov['answered']} answered, {cov['dead_letter_ids']} dead letters, {cov['missing']} missing, "
+              f"{cov['duplicate_results']} duplicate results, {cov['in_results_and_dead_letters']} in both "
+              f"(of {cov['queries']} queries)")
     print(format_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -132,6 +132,8 @@ def test_cli_answer_and_evaluate_on_demo_data(tmp_path, demo_tables, demo_index,
     assert all(1 <= len(r["trace"]["retrieved"][0]["doc_ids"]) <= 3 for r in standard.values())
     assert sum(len(r["trace"]["retrieved"][0]["doc_ids"]) == 3 for r in standard.values()) >= len(standard) // 2
     report = json.loads((tmp_path / "standard" / "evaluation.json").read_text())
+    assert report["coverage"] == {"queries": n, "answered": n, "dead_letter_ids": 0, "missing": 0,
+                                  "duplicate_results": 0, "in_results_and_dead_letters": 0}
     short = next(r for r in report["rows"] if r["task_type"] == "short_form")
     assert short["contains"] >= 30.0  # retrieval puts the answer in the prompt; the 135M model mostly copies it
 
