@@ -131,6 +131,11 @@ def test_cli_answer_and_evaluate_on_demo_data(tmp_path, demo_tables, demo_index,
     standard = {r["id"]: r for r in _read(tmp_path / "standard", "results")}
     assert all(1 <= len(r["trace"]["retrieved"][0]["doc_ids"]) <= 3 for r in standard.values())
     assert sum(len(r["trace"]["retrieved"][0]["doc_ids"]) == 3 for r in standard.values()) >= len(standard) // 2
+    assert main(["answer", "--queries", queries, "--output", str(tmp_path / "dense"), "--method", "standard",
+                 "--index", str(demo_index), "--retriever", "dense", "--set", "top_k=2"]) == 0
+    dense = {r["id"]: r for r in _read(tmp_path / "dense", "results")}
+    assert len(dense) == n and all(len(r["trace"]["retrieved"][0]["doc_ids"]) == 2 for r in dense.values())
+    assert dense["demo-q00"]["trace"]["retrieved"][0]["doc_ids"][0] == "demo-004"  # Canberra for Australia's capital
     report = json.loads((tmp_path / "standard" / "evaluation.json").read_text())
     assert report["coverage"] == {"queries": n, "answered": n, "dead_letter_ids": 0, "missing": 0,
                                   "duplicate_results": 0, "in_results_and_dead_letters": 0}
