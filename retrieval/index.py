@@ -7,6 +7,7 @@ Layout::
       passages.parquet     the validated, deduplicated passages (the document store)
       embeddings/*.parquet embedding shards written by the Beam job (dense only)
       bm25/                bm25s index
+      lucene/index/        Lucene index (Anserini, with document vectors)
       dense/               FAISS index + the matrix it was built from
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 
 from specrag.retrieval.base import DocStore, Retriever
 
-KINDS = ("bm25", "dense")
+KINDS = ("bm25", "lucene", "dense")
 MANIFEST = "manifest.json"
 
 
@@ -40,6 +41,9 @@ def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra:
         out = index_dir / "bm25"
         out.mkdir(exist_ok=True)
         manifest["kinds"]["bm25"] = build_bm25(store, out)
+    if "lucene" in kinds:
+        from specrag.retrieval.lucene import build_lucene
+        manifest["kinds"]["lucene"] = build_lucene(store, index_dir / "lucene")
     if "dense" in kinds:
         from specrag.retrieval.dense import build_flat
         matrix = load_embedding_shards(index_dir / "embeddings", store)
@@ -91,6 +95,9 @@ def open_retriever(index_dir: Path | str, kind: str,
     if kind == "bm25":
         from specrag.retrieval.bm25 import BM25Retriever
         return BM25Retriever(index_dir / "bm25", store)
+    if kind == "lucene":
+        from specrag.retrieval.lucene import LuceneRetriever
+        return LuceneRetriever(index_dir / "lucene", store)
     from specrag.retrieval.dense import DenseRetriever
     if embed is None:
         raise ValueError("dense retrieval needs a query embedder")

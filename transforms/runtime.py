@@ -16,7 +16,7 @@ from specrag.inference.engine import EngineConfig, Services
 from specrag.inference.models import MODELS
 
 BACKENDS = ("local",)
-RETRIEVER_KINDS = ("bm25", "dense")
+RETRIEVER_KINDS = ("bm25", "lucene", "dense")
 
 
 @dataclass(frozen=True)
