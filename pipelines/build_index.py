@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from specrag.pipelines.manifest import write_manifest
 from specrag.retrieval.base import passage_text
-from specrag.retrieval.index import KINDS, finish_index
+from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGES
 from specrag.schemas.validation import validate_passage
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
@@ -44,7 +44,8 @@ class EmbedPassages(beam.DoFn):
 
 
 def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str = "all-minilm-l6-v2",
-                    num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)) -> dict:
+                    num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
+                    dense_params: dict[str, dict] | None = None) -> dict:
     bad = set(kinds) - set(KINDS)
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")
@@ -61,7 +62,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
                                                   file_name_suffix=".parquet")
         dead | "WriteDeadLetters" >> WriteToParquet(str(out / "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")
-        if "dense" in kinds:
+        if any(k in DENSE_KINDS for k in kinds):
             (valid
              | "BatchPassages" >> beam.BatchElements(min_batch_size=32, max_batch_size=256)
              | "Embed" >> beam.ParDo(EmbedPassages(embedder, num_threads))
@@ -72,7 +73,9 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     table = table.sort_by("id")
     pq.write_table(table.cast(PASSAGES), out / "passages.parquet")
     dead_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in glob.glob(str(out / "dead_letters*.parquet")))
-    index_manifest = finish_index(out, kinds, embedder if "dense" in kinds else None,
-                                  {"corpus": dataset_fingerprint(files), "dead_letters": dead_rows})
+    dense = any(k in DENSE_KINDS for k in kinds)
+    index_manifest = finish_index(out, kinds, embedder if dense else None,
+                                  {"corpus": dataset_fingerprint(files), "dead_letters": dead_rows},
+                                  dense_params)
     return write_manifest(out, {"job": "build-index", "index": index_manifest, "beam_args": list(beam_args),
                                 "wall_s": round(time.time() - started, 3)}, name="build_manifest.json")

@@ -103,7 +103,7 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", metavar="ROLE=NAME",
                    help="model for a role, e.g. generator=smollm2-135m-instruct")
     p.add_argument("--index", help="index folder from `specrag build-index`")
-    p.add_argument("--retriever", default="bm25", help="bm25 | lucene | dense")
+    p.add_argument("--retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")),
                    help="torch threads per worker")
     p.add_argument("--engine-batch", type=int, default=16, help="max requests per batched model call")
@@ -124,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build-index", help="corpus Parquet → index folder (Beam job)")
     p.add_argument("--corpus", required=True)
     p.add_argument("--index", required=True)
-    p.add_argument("--kinds", default="bm25", help="comma-separated: bm25,lucene,dense")
+    p.add_argument("--kinds", default="bm25", help="comma-separated: bm25,lucene,dense,hnsw,ivf")
     p.add_argument("--embedder", default="all-minilm-l6-v2")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     p.set_defaults(fn=cmd_build_index)

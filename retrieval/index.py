@@ -8,7 +8,8 @@ Layout::
       embeddings/*.parquet embedding shards written by the Beam job (dense only)
       bm25/                bm25s index
       lucene/index/        Lucene index (Anserini, with document vectors)
-      dense/               FAISS index + the matrix it was built from
+      vectors.npy          the embedding matrix (document-store row order)
+      dense/ hnsw/ ivf/    FAISS indexes: exact, HNSW, IVF
 """
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ import pyarrow.parquet as pq
 
 from specrag.retrieval.base import DocStore, Retriever
 
-KINDS = ("bm25", "lucene", "dense")
+DENSE_KINDS = {"dense": "flat", "hnsw": "hnsw", "ivf": "ivf"}  # index kind -> FAISS kind
+KINDS = ("bm25", "lucene", *DENSE_KINDS)
 MANIFEST = "manifest.json"
 
 
-def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra: dict) -> dict:
+def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra: dict,
+                 dense_params: dict[str, dict] | None = None) -> dict:
     """Build the requested index kinds from the passages (and embedding shards) on disk."""
     unknown = set(kinds) - set(KINDS)
     if unknown:
@@ -44,12 +47,14 @@ def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra:
     if "lucene" in kinds:
         from specrag.retrieval.lucene import build_lucene
         manifest["kinds"]["lucene"] = build_lucene(store, index_dir / "lucene")
-    if "dense" in kinds:
-        from specrag.retrieval.dense import build_flat
+    dense = [k for k in kinds if k in DENSE_KINDS]
+    if dense:
+        from specrag.retrieval.dense import VECTORS, build_faiss
         matrix = load_embedding_shards(index_dir / "embeddings", store)
-        out = index_dir / "dense"
-        out.mkdir(exist_ok=True)
-        manifest["kinds"]["dense"] = {**build_flat(matrix, out), "embedder": embedder}
+        np.save(index_dir / VECTORS, matrix)
+        for kind in dense:
+            params = build_faiss(matrix, index_dir / kind, DENSE_KINDS[kind], **(dense_params or {}).get(kind, {}))
+            manifest["kinds"][kind] = {**params, "embedder": embedder}
     (index_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
@@ -100,5 +105,7 @@ def open_retriever(index_dir: Path | str, kind: str,
         return LuceneRetriever(index_dir / "lucene", store)
     from specrag.retrieval.dense import DenseRetriever
     if embed is None:
-        raise ValueError("dense retrieval needs a query embedder")
-    return DenseRetriever(index_dir / "dense", store, embed)
+        raise ValueError(f"{kind} retrieval needs a query embedder")
+    retriever = DenseRetriever(index_dir / kind, store, embed)
+    retriever.kind = kind
+    return retriever

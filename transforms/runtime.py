@@ -16,7 +16,7 @@ from specrag.inference.engine import EngineConfig, Services
 from specrag.inference.models import MODELS
 
 BACKENDS = ("local",)
-RETRIEVER_KINDS = ("bm25", "lucene", "dense")
+RETRIEVER_KINDS = ("bm25", "lucene", "dense", "hnsw", "ivf")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class RuntimeConfig:
 
     def with_roles(self, roles: tuple[str, ...]) -> "RuntimeConfig":
         """Only the model roles a method uses (so unused models are never loaded)."""
-        keep = set(roles) | ({"embedder"} if self.retriever == "dense" else set())
+        keep = set(roles) | ({"embedder"} if self.retriever in ("dense", "hnsw", "ivf") else set())
         return dataclasses.replace(self, models=tuple((r, m) for r, m in self.models if r in keep))
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def get_services(config: RuntimeConfig) -> Services:
         if config.index_dir:
             from specrag.retrieval.index import open_retriever
             embed = None
-            if config.retriever == "dense":
+            if config.retriever in ("dense", "hnsw", "ivf"):
                 embedder = models.get("embedder") or load_backend(config.backend, "all-minilm-l6-v2",
                                                               config.num_threads)
                 embed = embedder.embed

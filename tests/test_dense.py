@@ -1,0 +1,40 @@
+"""FAISS exact, HNSW and IVF over real MiniLM embeddings of the PopQA passages."""
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.retrieval import open_retriever
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def popqa_dense(imported, tmp_path_factory):
+    from specrag.pipelines.build_index import run_build_index
+    index = tmp_path_factory.mktemp("popqa_dense")
+    run_build_index(str(imported / "popqa" / "corpus.parquet"), str(index), ["dense", "hnsw", "ivf"])
+    return index
+
+
+@pytest.fixture(scope="module")
+def queries(imported):
+    return [q["question"] for q in pq.read_table(imported / "popqa" / "queries.parquet").to_pylist()[:200]]
+
+
+def test_flat_score_reproduces_search_scores(popqa_dense, embedder, queries):
+    flat = open_retriever(popqa_dense, "dense", embedder.embed)
+    for q, hits in zip(queries, flat.search(queries, 10)):
+        want = np.array([h.score for h in hits])
+        got = np.array(flat.score(q, [h.doc_id for h in hits]))
+        assert np.max(np.abs(got - want) / np.abs(want)) <= 1e-4
+
+
+@pytest.mark.parametrize("kind, min_recall", [("hnsw", 0.95), ("ivf", 0.9)])
+def test_approximate_recall_of_exact_top10(popqa_dense, embedder, queries, kind, min_recall):
+    exact = open_retriever(popqa_dense, "dense", embedder.embed).search(queries, 10)
+    approx_retriever = open_retriever(popqa_dense, kind, embedder.embed)
+    approx = approx_retriever.search(queries, 10)
+    recall = np.mean([len({h.doc_id for h in a} & {h.doc_id for h in e}) / len(e) for a, e in zip(approx, exact)])
+    assert recall >= min_recall
+    q, hits = queries[0], approx[0]  # approximate search, exact scores of what it found
+    np.testing.assert_allclose(approx_retriever.score(q, [h.doc_id for h in hits]), [h.score for h in hits], rtol=1e-4)
