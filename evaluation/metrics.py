@@ -77,3 +77,12 @@ def score_row(task_type: str, answer: str, raw_output: str, choice: str | None, 
         return {"accuracy": choice_accuracy(choice, answers)}
     return {"str_em": str_em(raw_output or answer, gold.get("answer_groups") or []),
             "rouge_l": rouge_l(raw_output or answer, answers)}
+
+
+RECALL_AT = (1, 5, 10)
+
+
+def recall_at(retrieved: Sequence[str], gold: Sequence[str], k: int) -> float:
+    """Share of the gold passages among the first k retrieved (HotpotQA: 2 supporting paragraphs)."""
+    gold = set(gold)
+    return len(gold & set(retrieved[:k])) / len(gold) if gold else 0.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from specrag.evaluation.metrics import TASK_METRICS, score_row
+from specrag.evaluation.metrics import RECALL_AT, TASK_METRICS, recall_at, score_row
 
 
 def _read(pattern: str) -> list[dict]:
@@ -35,9 +35,15 @@ def evaluate_run(results_dir: Path, queries: str) -> dict:
     for r in results:
         g = gold[r["id"]]
         key = (g["dataset"] or "-", r["method"], g["task_type"])
-        for name, value in score_row(g["task_type"], r["answer"] or "", r["raw_output"] or "",
-                                     r["choice"], g).items():
-            sums[key][name] += value
+        if r["method"] != "retrieve-only":
+            for name, value in score_row(g["task_type"], r["answer"] or "", r["raw_output"] or "",
+                                         r["choice"], g).items():
+                sums[key][name] += value
+        retrieved = (r["trace"]["retrieved"] or [{}])[0].get("doc_ids") or []
+        if g.get("gold_passage_ids") and r["trace"]["retrieved"]:
+            for k in RECALL_AT:
+                sums[key][f"recall@{k}"] += recall_at(retrieved, g["gold_passage_ids"], k)
+            sums[key]["_with_gold"] += 1
         counts[key] += 1
         latency[key].append(r["trace"]["timings"]["total_s"])
     dead_by_dataset: dict[str, int] = defaultdict(int)
@@ -49,9 +55,12 @@ def evaluate_run(results_dir: Path, queries: str) -> dict:
         dataset, method, task = key
         n = counts[key]
         lat = sorted(latency[key])
-        rows.append({"dataset": dataset, "method": method, "task_type": task, "n": n,
-                     "dead_letters": dead_by_dataset.get(dataset, 0),
-                     **{m: round(100 * sums[key][m] / n, 2) for m in TASK_METRICS[task]},
+        metrics = {} if method == "retrieve-only" else {m: round(100 * sums[key][m] / n, 2) for m in TASK_METRICS[task]}
+        with_gold = sums[key].get("_with_gold", 0)
+        if with_gold:
+            metrics.update({f"recall@{k}": round(100 * sums[key][f"recall@{k}"] / with_gold, 2) for k in RECALL_AT})
+        rows.append({"run": Path(results_dir).name, "dataset": dataset, "method": method, "task_type": task, "n": n,
+                     "dead_letters": dead_by_dataset.get(dataset, 0), **metrics,
                      "mean_latency_s": round(sum(lat) / n, 3), "median_latency_s": round(lat[n // 2], 3)})
     return {"results_dir": str(results_dir), "rows": rows, "dead_letters": len(dead),
             "coverage": coverage(results, dead, gold)}
@@ -70,9 +79,9 @@ def coverage(results: list[dict], dead: list[dict], gold: dict[str, dict]) -> di
 
 def format_table(rows: list[dict]) -> str:
     """A plain-text table (metrics in %, latency in seconds)."""
-    metric_cols = [c for c in ("contains", "em", "f1", "accuracy", "str_em", "rouge_l")
-                   if any(c in r for r in rows)]
-    cols = ["dataset", "task_type", "method", "n", "dead_letters", *metric_cols, "mean_latency_s"]
+    metric_cols = [c for c in ("contains", "em", "f1", "accuracy", "str_em", "rouge_l",
+                               *(f"recall@{k}" for k in RECALL_AT)) if any(c in r for r in rows)]
+    cols = ["run", "dataset", "task_type", "method", "n", "dead_letters", *metric_cols, "mean_latency_s"]
     cells = [[str(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
     line = lambda xs: "  ".join(x.ljust(w) for x, w in zip(xs, widths))

@@ -88,6 +88,7 @@ class Method:
 REGISTRY: dict[str, str] = {
     "no-retrieval": "specrag.methods.no_retrieval:NoRetrieval",
     "standard": "specrag.methods.standard:StandardRAG",
+    "retrieve-only": "specrag.methods.retrieve_only:RetrieveOnly",
 }
 
 
