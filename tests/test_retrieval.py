@@ -57,3 +57,18 @@ def test_build_index_sends_bad_passages_to_dead_letters(tmp_path):
 def test_missing_kind_is_a_clear_error(pooled_bm25):
     with pytest.raises(ValueError, match="no 'dense' index"):
         open_retriever(pooled_bm25, "dense", lambda t: None)
+
+
+def test_evaluate_reports_recall_of_gold_passages(imported, pooled_bm25, tmp_path):
+    from specrag.evaluation.report import evaluate_run
+    from specrag.methods import create_method
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    from specrag.transforms.runtime import RuntimeConfig
+    queries = str(imported / "hotpotqa" / "queries.parquet")
+    method = create_method("retrieve-only")
+    run_answer(AnswerJob(queries, str(tmp_path / "bm25"), method,
+                         RuntimeConfig(index_dir=str(pooled_bm25)).with_roles(method.model_roles)))
+    row = evaluate_run(tmp_path / "bm25", queries)["rows"][0]
+    assert row["n"] == 500 and row["dataset"] == "hotpotqa"
+    assert row["recall@1"] <= 50.0  # two supporting paragraphs per question
+    assert row["recall@1"] < row["recall@5"] < row["recall@10"] and row["recall@10"] >= 80.0
