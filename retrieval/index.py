@@ -69,7 +69,8 @@ def load_embedding_shards(shard_dir: Path, store: DocStore) -> np.ndarray:
     for f in files:
         t = pq.read_table(f)
         ids = t.column("id").to_pylist()
-        vecs = np.asarray(t.column("vector").to_pylist(), dtype=np.float32)
+        flat = t.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        vecs = np.asarray(flat, dtype=np.float32).reshape(len(ids), -1)
         if matrix is None:
             matrix = np.zeros((len(store), vecs.shape[1]), dtype=np.float32)
         rows = store.rows(ids)
