@@ -58,8 +58,10 @@ def cmd_import_data(args, extra) -> int:
 
 def cmd_build_index(args, extra) -> int:
     from specrag.pipelines.build_index import run_build_index
-    manifest = run_build_index(args.corpus, args.index, args.kinds.split(","), embedder=args.embedder,
-                               num_threads=args.threads, beam_args=_beam_args(extra))
+    kinds = args.kinds.split(",")
+    dense_params = {k: {"shards": args.dense_shards} for k in kinds if k in ("dense", "hnsw", "ivf")}
+    manifest = run_build_index(args.corpus, args.index, kinds, embedder=args.embedder,
+                               num_threads=args.threads, beam_args=_beam_args(extra), dense_params=dense_params)
     print(json.dumps(manifest["index"], indent=2))
     return 0
 
@@ -126,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True)
     p.add_argument("--kinds", default="bm25", help="comma-separated: bm25,lucene,dense,hnsw,ivf")
     p.add_argument("--embedder", default="all-minilm-l6-v2")
+    p.add_argument("--dense-shards", type=int, default=1,
+                   help="FAISS indexes in N row-range shards; search merges their top-k")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     p.set_defaults(fn=cmd_build_index)
 

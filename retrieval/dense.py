@@ -20,10 +20,27 @@ HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 200, 128
 IVF_NPROBE = 16
 
 
-def build_faiss(embeddings: np.ndarray, out_dir: Path, kind: str = "flat", *, hnsw_m: int = HNSW_M,
-                ef_construction: int = HNSW_EF_CONSTRUCTION, ef_search: int = HNSW_EF_SEARCH,
-                nlist: int | None = None, nprobe: int = IVF_NPROBE, seed: int = 1234) -> dict:
-    """Build one FAISS index kind over the matrix (rows = document-store rows) into out_dir."""
+def build_faiss(embeddings: np.ndarray, out_dir: Path, kind: str = "flat", *, shards: int = 1,
+                **params) -> dict:
+    """Build one FAISS index kind in ``shards`` contiguous row ranges (shard-000.faiss, ...).
+
+    Shards bound the memory of one build and spread search over processes; search merges
+    their top-k. Rows are document-store rows, offset by the shard's first row.
+    """
+    if shards < 1:
+        raise ValueError("shards must be >= 1")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, len(embeddings), shards + 1).astype(int)
+    info = []
+    for s, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        shard_params = _build_one(embeddings[lo:hi], out_dir / f"shard-{s:03d}.faiss", kind, **params)
+        info.append({"first_row": int(lo), "rows": int(hi - lo)})
+    return {**shard_params, "count": int(len(embeddings)), "shards": info}
+
+
+def _build_one(embeddings: np.ndarray, path: Path, kind: str, *, hnsw_m: int = HNSW_M,
+               ef_construction: int = HNSW_EF_CONSTRUCTION, ef_search: int = HNSW_EF_SEARCH,
+               nlist: int | None = None, nprobe: int = IVF_NPROBE, seed: int = 1234) -> dict:
     import faiss
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
     n, dim = x.shape
@@ -47,8 +64,7 @@ def build_faiss(embeddings: np.ndarray, out_dir: Path, kind: str = "flat", *, hn
     else:
         raise ValueError(f"unknown FAISS index kind {kind!r} (flat, hnsw, ivf)")
     index.add(x)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    faiss.write_index(index, str(out_dir / "index.faiss"))
+    faiss.write_index(index, str(path))
     return params
 
 
@@ -71,18 +87,33 @@ class DenseRetriever:
                  vectors: Path | None = None):
         import faiss
         self.store = store
-        self.index = _maybe_gpu(faiss.read_index(str(index_dir / "index.faiss")))
+        files = sorted(index_dir.glob("shard-*.faiss"))
+        if not files:
+            raise FileNotFoundError(f"no FAISS shards in {index_dir}")
+        self.shards, offset = [], 0
+        for f in files:  # shards cover consecutive row ranges, in file order
+            index = _maybe_gpu(faiss.read_index(str(f)))
+            self.shards.append((offset, index))
+            offset += index.ntotal
+        if offset != len(store):
+            raise ValueError(f"dense index has {offset} vectors for {len(store)} passages")
         self.vectors = np.load(vectors or index_dir.parent / VECTORS, mmap_mode="r")
-        if self.index.ntotal != len(store):
-            raise ValueError(f"dense index has {self.index.ntotal} vectors for {len(store)} passages")
         self.embed = embed
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         k = min(k, len(self.store))
         q = np.ascontiguousarray(self.embed(list(queries)), dtype=np.float32)
-        scores, rows = self.index.search(q, k)
-        return [[self.store.hit(int(r), s) for r, s in zip(rr, ss) if r >= 0]
-                for rr, ss in zip(rows, scores)]
+        parts = []
+        for offset, index in self.shards:
+            scores, rows = index.search(q, min(k, index.ntotal))
+            parts.append((scores, np.where(rows >= 0, rows + offset, -1)))
+        scores = np.concatenate([p[0] for p in parts], axis=1)
+        rows = np.concatenate([p[1] for p in parts], axis=1)
+        out = []
+        for ss, rr in zip(scores, rows):
+            order = np.lexsort((rr, -ss))[:k]  # best score first, ties by row: shard-independent
+            out.append([self.store.hit(int(rr[i]), ss[i]) for i in order if rr[i] >= 0])
+        return out
 
     def score(self, query: str, doc_ids: Sequence[str]) -> list[float]:
         q = np.asarray(self.embed([query]), dtype=np.float32)[0]

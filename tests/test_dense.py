@@ -38,3 +38,16 @@ def test_approximate_recall_of_exact_top10(popqa_dense, embedder, queries, kind,
     assert recall >= min_recall
     q, hits = queries[0], approx[0]  # approximate search, exact scores of what it found
     np.testing.assert_allclose(approx_retriever.score(q, [h.doc_id for h in hits]), [h.score for h in hits], rtol=1e-4)
+
+
+def test_sharded_flat_search_equals_unsharded(popqa_dense, embedder, queries, tmp_path):
+    from specrag.retrieval.base import DocStore
+    from specrag.retrieval.dense import DenseRetriever, build_faiss
+    vectors = np.load(popqa_dense / "vectors.npy")
+    build_faiss(vectors, tmp_path / "sharded", "flat", shards=3)
+    store = DocStore(popqa_dense / "passages.parquet")
+    sharded = DenseRetriever(tmp_path / "sharded", store, embedder.embed, vectors=popqa_dense / "vectors.npy")
+    whole = open_retriever(popqa_dense, "dense", embedder.embed)
+    for a, b in zip(sharded.search(queries[:50], 10), whole.search(queries[:50], 10)):
+        assert [h.doc_id for h in a] == [h.doc_id for h in b]
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=1e-6)
