@@ -160,6 +160,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Beam warns on import about GCP clients that batch runs on local files never use
+    logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
     args, extra = parser().parse_known_args(argv)
     unknown = [a for a in extra if not a.startswith("--")]
     if unknown:
