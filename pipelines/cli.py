@@ -44,7 +44,7 @@ def _runtime(args):
         role, _, name = spec.partition("=")
         models[role] = name
     return RuntimeConfig(backend=args.backend, models=tuple(sorted(models.items())),
-                         index_dir=args.index, retriever=args.retriever, num_threads=args.threads,
+                         index_dir=args.index, retriever=args.retriever, num_threads=args.threads, dtype=args.dtype,
                          engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait))
 
 
@@ -108,6 +108,7 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")),
                    help="torch threads per worker")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (faster on AMX CPUs, not bit-equal)")
     p.add_argument("--engine-batch", type=int, default=16, help="max requests per batched model call")
     p.add_argument("--engine-wait", type=float, default=0.005, help="max seconds a request waits for a batch")
 
