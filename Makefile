@@ -15,7 +15,7 @@ export MKL_NUM_THREADS ?= 1
 export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast clean
+.PHONY: install install-gpu demo test test-fast clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,12 @@ $(VENV)/.installed: setup.py Makefile
 	$(PIP) install --quiet --no-deps pyserini==1.6.0
 	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"
 	touch $@
+
+# GPU machines: FAISS from faiss-gpu instead of faiss-cpu (both provide the `faiss` module and
+# must never be installed together); specrag moves flat and IVF indexes to the GPU when it sees one.
+install-gpu: install
+	$(PIP) uninstall --yes faiss-cpu
+	$(PIP) install --quiet faiss-gpu==1.15.1
 
 demo: install
 	$(VENV)/bin/specrag demo --workdir runs/demo
