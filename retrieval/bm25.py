@@ -32,6 +32,21 @@ def build_bm25(store: DocStore, out_dir: Path, k1: float = K1, b: float = B) -> 
     return params
 
 
+def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """Rows of the k best scores, best first, ties broken by row number (deterministic).
+
+    A partition finds the k-th score in O(N); only rows at or above it are sorted, so a query
+    over a million documents does not sort a million scores.
+    """
+    if k >= len(scores):
+        candidates = np.arange(len(scores))
+    else:
+        kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+        above = np.flatnonzero(scores > kth)
+        candidates = np.concatenate([above, np.flatnonzero(scores == kth)[: k - len(above)]])
+    return candidates[np.lexsort((candidates, -scores[candidates]))][:k]
+
+
 class BM25Retriever:
     """bm25s search; ``score`` uses the same index statistics as search."""
 
@@ -57,8 +72,7 @@ class BM25Retriever:
         out = []
         for q in queries:
             scores = self._scores(q)
-            # stable tie-break on row number: equal scores keep corpus order
-            top = np.lexsort((np.arange(len(scores)), -scores))[:k]
+            top = top_k_rows(scores, k)
             # like Lucene, only documents that match a query term are hits
             out.append([self.store.hit(int(r), scores[r]) for r in top if scores[r] > 0])
         return out

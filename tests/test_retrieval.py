@@ -72,3 +72,12 @@ def test_evaluate_reports_recall_of_gold_passages(imported, pooled_bm25, tmp_pat
     assert row["n"] == 500 and row["dataset"] == "hotpotqa"
     assert row["recall@1"] <= 50.0  # two supporting paragraphs per question
     assert row["recall@1"] < row["recall@5"] < row["recall@10"] and row["recall@10"] >= 80.0
+
+
+def test_top_k_rows_is_a_stable_full_sort_prefix():
+    from specrag.retrieval.bm25 import top_k_rows
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, size=1000).astype(np.float32)  # many ties
+    for k in (1, 7, 100, 1000, 2000):
+        expected = np.lexsort((np.arange(len(scores)), -scores))[:k]
+        assert top_k_rows(scores, k).tolist() == expected.tolist()
