@@ -35,10 +35,12 @@ class QueryState:
         return self.query["id"]
 
     def fork(self, part: int, parts: int) -> "QueryState":
-        """A fanned-out copy with a fresh trace (merged back when parts are joined)."""
+        """A fanned-out copy. Part 0 keeps the accounting so far, the others start empty, so
+        summing the parts' traces at the join counts pre-fork work once."""
         clone = copy.deepcopy(self)
         clone.part, clone.parts = part, parts
-        clone.trace = Trace()
+        if part:
+            clone.trace = Trace()
         return clone
 
 

@@ -27,6 +27,7 @@ class FanOut:
     name: str = "FanOut"
 
     async def run(self, item, ctx):
+        item.trace.count("retrieval_calls")  # work before the fan-out must survive the join once
         return [item.fork(i, self.parts) for i in range(self.parts)]
 
 
@@ -75,6 +76,7 @@ def test_fan_out_parts_are_joined_by_query_id(tmp_path):
     assert sorted(results) == sorted(f"q{i}" for i in range(10))
     assert all(r["answer"] == "part0+part1+part2" for r in results.values())
     assert all(r["trace"]["counts"]["model_calls"] == 3 for r in results.values())  # merged traces
+    assert all(r["trace"]["counts"]["retrieval_calls"] == 1 for r in results.values())
     dead = _read(tmp_path / "out", "dead_letters")
     assert {(d["id"], d["stage"]) for d in dead} == {("broken", "Work"), ("broken", "Join")}
     join_dead = next(d for d in dead if d["stage"] == "Join")
