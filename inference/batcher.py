@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 class MicroBatcher:
     """Coalesces concurrent requests for one operation of one backend.
 
-    ``call`` takes a list of requests and returns a list of results in the same order.
+    ``call`` takes a list of requests and returns a list of results in the same order; an
+    exception in that list fails only its own request.
     ``group_key`` splits requests that cannot share a call (e.g. different ``k``).
     """
 
@@ -86,5 +87,9 @@ class MicroBatcher:
         self.items += len(requests)
         self.busy_s += end - start
         for (_, fut, queued), result in zip(batch, results):
-            if not fut.done():
+            if fut.done():
+                continue
+            if isinstance(result, BaseException):  # a backend that fails rows alone
+                fut.set_exception(result)
+            else:
                 fut.set_result((result, start - queued, end - start))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -143,8 +144,6 @@ class Engine:
         self.services = services
         self.config = config
         self._batchers: dict[tuple, MicroBatcher] = {}
-        # One worker thread per model keeps its calls serial (torch threads do the
-        # parallel work); retrieval has its own thread so it overlaps generation.
         self._executors: dict[str, ThreadPoolExecutor] = {}
         self._loop = asyncio.new_event_loop()
 
@@ -153,23 +152,29 @@ class Engine:
         batcher = self._batchers.get(key)
         if batcher is not None:
             return batcher
-        executor = self._executors.setdefault(
-            target, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specrag-{target}"))
         if op == "search":
             if self.services.retriever is None:
                 raise RuntimeError("this method retrieves, but no retriever (index) was configured")
             retriever = self.services.retriever
-            call, max_batch = (lambda qs: retriever.search(qs, k)), self.config.retrieval_max_batch
+            call, max_batch, inflight = (lambda qs: retriever.search(qs, k)), self.config.retrieval_max_batch, 1
         else:
             backend = self.services.models.get(target)
             if backend is None:
                 raise RuntimeError(f"no model backend configured for role {target!r} "
                                    f"(have: {sorted(self.services.models)})")
             call = getattr(backend, op)
+            if getattr(backend, "supports_row_errors", False):  # one bad row fails alone
+                call = functools.partial(call, return_exceptions=True)
             max_batch = self.config.max_batch
             if op == "embed":  # cheap per item: batch wider
                 max_batch = max(max_batch, 64)
-                call = _embed_rows(backend)
+                call = _embed_rows(call)
+            # a local model runs one batch at a time (torch threads do the parallel work);
+            # a remote server can take several batches in flight
+            inflight = getattr(backend, "max_inflight_batches", 1)
+        # one worker pool per target; retrieval has its own so it overlaps generation
+        executor = self._executors.setdefault(
+            target, ThreadPoolExecutor(max_workers=inflight, thread_name_prefix=f"specrag-{target}"))
         batcher = MicroBatcher(f"{target}.{op}", call, max_batch=max_batch,
                                max_wait_s=self.config.max_wait_s, executor=executor)
         self._batchers[key] = batcher
@@ -204,7 +209,7 @@ class Engine:
         self._loop.close()
 
 
-def _embed_rows(backend: ModelBackend):
-    def call(texts: list[str]) -> list[np.ndarray]:
-        return list(backend.embed(texts))
+def _embed_rows(embed):
+    def call(texts: list[str]) -> list:
+        return list(embed(texts))
     return call

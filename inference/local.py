@@ -39,6 +39,7 @@ class LocalModelConfig:
     num_threads: int = 1
     max_prompt_tokens: int = 4096
     dtype: str = "float32"  # "bfloat16" is ~2x faster on CPUs with AMX/AVX512-BF16, not bit-equal
+    device: str = "cpu"  # "cuda:N" when a Triton GPU instance serves the model
 
     def torch_dtype(self):
         import torch
@@ -61,7 +62,8 @@ class LocalCausalLM:
         self.name = config.model
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype()).eval()
+        self.device = torch.device(config.device)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype()).to(self.device).eval()
         self.instruct = config.model in _INSTRUCT and bool(self.tokenizer.chat_template)
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -108,7 +110,7 @@ class LocalCausalLM:
             caches, logits = [], []
             for ids in prompts:
                 cache = DynamicCache()
-                res = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True,
+                res = self.model(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache, use_cache=True,
                                  logits_to_keep=1)  # the vocab projection of 1 position, not all
                 if self._stackable is None:
                     self._stackable = can_stack(res.past_key_values)
@@ -117,10 +119,10 @@ class LocalCausalLM:
                 caches.append(res.past_key_values)
                 logits.append(res.logits[:, -1, :])
             if self._stackable:
-                ids, mask = _left_pad(prompts, self.pad_id)
-                last_pos = torch.tensor([len(p) - 1 for p in prompts])
+                ids, mask = _left_pad(prompts, self.pad_id, self.device)
+                last_pos = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
                 return stack_caches(caches, extra_capacity), mask, last_pos, torch.cat(logits)
-        ids, mask = _left_pad(prompts, self.pad_id)
+        ids, mask = _left_pad(prompts, self.pad_id, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
@@ -147,9 +149,9 @@ class LocalCausalLM:
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 greedy = logp.argmax(-1).tolist()  # one call for the whole batch
                 next_tokens = [greedy[row] if requests[i].temperature <= 0
-                               else _choose(logp[row], requests[i], generators[i])
+                               else _choose(logp[row].cpu(), requests[i], generators[i])
                                for row, i in enumerate(active)]
-                chosen_lp = logp.gather(-1, torch.tensor(next_tokens).unsqueeze(-1)).squeeze(-1).tolist()
+                chosen_lp = logp.gather(-1, torch.tensor(next_tokens, device=self.device).unsqueeze(-1)).squeeze(-1).tolist()
                 for row, i in enumerate(active):
                     out_ids[i].append(next_tokens[row])
                     out_lp[i].append(chosen_lp[row])
@@ -173,15 +175,16 @@ class LocalCausalLM:
                 if not keep:
                     break
                 if len(keep) < len(active):
-                    index = torch.tensor(keep, dtype=torch.long)
+                    index = torch.tensor(keep, dtype=torch.long, device=self.device)
                     past.batch_select_indices(index)
                     mask = mask[index]
                     last_pos = last_pos[index]
                     next_tokens = [next_tokens[k] for k in keep]
                     active = [active[k] for k in keep]
-                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype)], dim=1)
+                mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
                 last_pos = last_pos + 1
-                res = self.model(input_ids=torch.tensor(next_tokens).unsqueeze(1), attention_mask=mask,
+                res = self.model(input_ids=torch.tensor(next_tokens, device=self.device).unsqueeze(1),
+                                 attention_mask=mask,
                                  position_ids=last_pos.unsqueeze(1), past_key_values=past, use_cache=True)
                 past = res.past_key_values
                 logits = res.logits[:, -1, :]
@@ -207,7 +210,7 @@ class LocalCausalLM:
                 raise ValueError("score: empty continuation")
             rows.append(p + c)
             spans.append((len(p), len(c)))
-        ids, mask = _left_pad(rows, self.pad_id)
+        ids, mask = _left_pad(rows, self.pad_id, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
@@ -218,7 +221,7 @@ class LocalCausalLM:
             start = width - clen  # continuation occupies the last clen positions (left padding)
             target = ids[b, start:]
             lp = logp[b, start - 1: width - 1].gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            out.append(Scored([float(x) for x in lp], plen,
+            out.append(Scored([float(x) for x in lp.tolist()], plen,
                               self.tokenizer.convert_ids_to_tokens(target.tolist())))
         return out
 
@@ -233,7 +236,8 @@ class LocalEncoder:
         path = materialise(config.model)
         self.name = config.model
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path, dtype=config.torch_dtype()).eval()
+        self.device = torch.device(config.device)
+        self.model = AutoModel.from_pretrained(path, dtype=config.torch_dtype()).to(self.device).eval()
         self.max_length = 256
         self._lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)
@@ -248,12 +252,12 @@ class LocalEncoder:
             for s in range(0, len(order), batch_size):
                 idx = order[s:s + batch_size]
                 enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
-                                     max_length=self.max_length, return_tensors="pt")
+                                     max_length=self.max_length, return_tensors="pt").to(self.device)
                 hidden = self.model(**enc).last_hidden_state
                 m = enc["attention_mask"].unsqueeze(-1).float()
                 pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-                out[idx] = pooled.float().numpy()
+                out[idx] = pooled.float().cpu().numpy()
         return out
 
 
@@ -285,7 +289,7 @@ class LocalBackend:
         return fn
 
 
-def _left_pad(rows: list[list[int]], pad_id: int):
+def _left_pad(rows: list[list[int]], pad_id: int, device=None):
     import torch
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -293,7 +297,7 @@ def _left_pad(rows: list[list[int]], pad_id: int):
     for b, r in enumerate(rows):
         ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[b, width - len(r):] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def _choose(logp, request: GenerateRequest, generator) -> int:

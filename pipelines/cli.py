@@ -43,9 +43,15 @@ def _runtime(args):
     for spec in args.model or []:
         role, _, name = spec.partition("=")
         models[role] = name
+    triton = None
+    if args.backend == "triton" or args.triton_url:
+        from specrag.inference.triton import TritonConfig
+        triton = TritonConfig(url=args.triton_url or TritonConfig().url, timeout_s=args.triton_timeout,
+                              retries=args.triton_retries)
     return RuntimeConfig(backend=args.backend, models=tuple(sorted(models.items())),
                          index_dir=args.index, retriever=args.retriever, num_threads=args.threads, dtype=args.dtype,
-                         engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait))
+                         engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait),
+                         triton=triton)
 
 
 def cmd_import_data(args, extra) -> int:
@@ -101,7 +107,12 @@ def cmd_demo(args, extra) -> int:
 
 
 def _add_runtime(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="local", help="model backend (local)")
+    p.add_argument("--backend", default="local", choices=("local", "triton"),
+                   help="local: models in the worker process; triton: a Triton server (--triton-url)")
+    p.add_argument("--triton-url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
+    p.add_argument("--triton-timeout", type=float, default=300.0, help="seconds per Triton request")
+    p.add_argument("--triton-retries", type=int, default=3,
+                   help="retries (exponential backoff) while the server is unavailable or overloaded")
     p.add_argument("--model", action="append", metavar="ROLE=NAME",
                    help="model for a role, e.g. generator=smollm2-135m-instruct")
     p.add_argument("--index", help="index folder from `specrag build-index`")

