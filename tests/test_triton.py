@@ -1,0 +1,259 @@
+"""Triton: wire protocol, the model repository, and a real server against the local backend.
+
+The server is the real tritonserver bundled in nvidia-pytriton, installed into its own
+venv by the project's launcher (deploy/triton/launch.py) and started per test session.
+If it cannot start the tests fail with its log; they never skip.
+
+Equality with the local backend: text and token ids are exact. Floats (logprobs,
+embeddings) are bit-equal when the server runs a row alone (as the local call does) and
+within 1e-4 when Triton's dynamic batcher groups it with others — a batched matmul sums in
+another order, as in the local backend's own batched calls.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.inference.triton_protocol import OPS, decode_requests, decode_results, encode_requests, encode_results
+from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+
+REPO = Path(__file__).resolve().parents[1]
+BEAM_ARGS = ("--runner=FnApiRunner",)
+
+
+def _launcher():
+    spec = importlib.util.spec_from_file_location("specrag_triton_launch", REPO / "deploy" / "triton" / "launch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+launch = _launcher()
+
+
+def _start(tmp_path: Path, repo: Path = REPO / "model_repo", **kwargs):
+    """Start a real server; a failure fails the test with the server's log."""
+    try:
+        venv = launch.install()
+        return launch.TritonServer(repo, venv, log_path=tmp_path / "tritonserver.log", **kwargs).start()
+    except launch.TritonStartError as e:
+        pytest.fail(f"Triton server did not start:\n{e}")
+
+
+@pytest.fixture(scope="module")
+def triton_server(tmp_path_factory):
+    server = _start(tmp_path_factory.mktemp("triton"))
+    yield server
+    server.stop()
+
+
+def _backend(server, model, **kw):
+    from specrag.inference.triton import TritonBackend, TritonConfig
+    return TritonBackend(model, TritonConfig(server.grpc_url, **kw))
+
+
+def _metric(server, name: str, model: str) -> float:
+    m = re.search(rf'^{name}{{model="{model}",version="1"}} (\S+)$', server.metrics(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _questions(demo_tables, n: int) -> list[str]:
+    return pq.read_table(demo_tables[0]).column("question").to_pylist()[:n]
+
+
+# -- no server needed ---------------------------------------------------------------------
+def test_protocol_round_trips_every_operation():
+    gens = [GenerateRequest("Qué es ß? ✓", max_new_tokens=7, stop=("\n", "Q:"), temperature=0.7, top_p=0.9,
+                            seed=11, chat=False), GenerateRequest("plain")]
+    assert decode_requests("generate", encode_requests("generate", gens)) == gens
+    scores = [ScoreRequest("p", " c ✓"), ScoreRequest("", "x")]
+    assert decode_requests("score", encode_requests("score", scores)) == scores
+    assert decode_requests("embed", encode_requests("embed", ["a", "b ✓"])) == ["a", "b ✓"]
+    out = [Generation("Paris ✓", [5, 6, 7], [-0.5, -1.25, -3.0], 12, "stop"), Generation("", [], [], 3, "length")]
+    assert decode_results("generate", encode_results("generate", out)) == out
+    scored = [Scored([-0.25, -2.5], 4, ["▁a", "b"]), Scored([-1.0], 1, ["x"])]
+    assert decode_results("score", encode_results("score", scored)) == scored
+    vecs = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    assert np.array_equal(np.stack(decode_results("embed", encode_results("embed", vecs))), vecs)
+
+
+def test_model_repository_configs_match_the_protocol():
+    from specrag.inference.models import MODELS
+    served = {}
+    for config in sorted((REPO / "model_repo").glob("*/config.pbtxt")):
+        text = config.read_text()
+        params = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
+        op = params["specrag_op"]
+        assert params["specrag_model"] in MODELS
+        spec = OPS[op]
+        inputs = re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', text.split("output [")[0])
+        outputs = re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', text.split("output [")[1])
+        as_triton = lambda pairs: [(n, "BYTES" if t == "STRING" else t) for n, t in pairs]  # noqa: E731
+        assert as_triton(inputs) == list(spec.inputs), config
+        assert as_triton(outputs) == list(spec.outputs), config
+        assert "KIND_CPU" in text and "dynamic_batching" in text
+        assert (config.parent / "1" / "model.py").exists()
+        served[op] = params["specrag_model"]
+    assert served == {"generate": "smollm2-135m-instruct", "score": "gemma3-270m", "embed": "all-minilm-l6-v2"}
+
+
+def test_unreachable_server_is_a_clear_error_at_start():
+    from specrag.inference.triton import TritonConfig, TritonUnavailable
+    from specrag.transforms.runtime import RuntimeConfig
+    with pytest.raises(ValueError, match="--triton-url"):
+        RuntimeConfig(backend="triton").validate(("generator",))
+    dead = TritonConfig(f"grpc://127.0.0.1:{launch.free_port()}", retries=0)
+    with pytest.raises(TritonUnavailable, match="cannot reach Triton"):
+        RuntimeConfig(backend="triton", triton=dead).validate(("generator",))
+    with pytest.raises(ValueError, match="grpc://host:port"):
+        TritonConfig("ftp://127.0.0.1:1")
+
+
+# -- a real server -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_greedy_generation_equals_local(triton_server, generator, demo_tables):
+    prompts = [f"Answer briefly. {q}" for q in _questions(demo_tables, 8)]
+    requests = [GenerateRequest(p, max_new_tokens=24) for p in prompts]
+    requests += [GenerateRequest(prompts[0], max_new_tokens=24, stop=(".",)),
+                 GenerateRequest("The capital of France is", max_new_tokens=8, chat=False)]
+    remote = _backend(triton_server, "smollm2-135m-instruct")
+    batched = remote.generate(requests)  # sent at once: the dynamic batcher groups them
+    local = generator.generate(requests)
+    for r, l in zip(batched, local):
+        assert (r.text, r.token_ids, r.prompt_tokens, r.finish_reason) == (l.text, l.token_ids, l.prompt_tokens,
+                                                                         l.finish_reason)
+        np.testing.assert_allclose(r.token_logprobs, l.token_logprobs, atol=1e-4)
+    for req in requests[:3] + requests[-2:]:  # alone on the server as locally: bit-equal
+        assert remote.generate([req]) == generator.generate([req])
+    sampled = GenerateRequest(prompts[1], max_new_tokens=16, temperature=0.8, top_p=0.95, seed=7)
+    assert remote.generate([sampled]) == generator.generate([sampled])
+
+
+@pytest.mark.slow
+def test_scores_and_embeddings_equal_local(triton_server, scorer, embedder, demo_tables):
+    questions = _questions(demo_tables, 6)
+    requests = [ScoreRequest(f"Question: {q}\nAnswer:", " I do not know.") for q in questions]
+    remote = _backend(triton_server, "gemma3-270m")
+    for r, l in zip(remote.score(requests), scorer.score(requests)):
+        assert (r.tokens, r.prompt_tokens) == (l.tokens, l.prompt_tokens)
+        np.testing.assert_allclose(r.token_logprobs, l.token_logprobs, atol=1e-4)
+    assert remote.score(requests[:1]) == scorer.score(requests[:1])
+    emb = _backend(triton_server, "all-minilm-l6-v2")
+    np.testing.assert_allclose(emb.embed(questions), embedder.embed(questions), atol=1e-5)
+    assert np.array_equal(emb.embed(questions[:1]), embedder.embed(questions[:1]))
+
+
+@pytest.mark.slow
+def test_errors_are_clear_and_fail_only_their_row(triton_server):
+    from specrag.inference.triton import TritonError, TritonTimeout
+    remote = _backend(triton_server, "smollm2-135m-instruct")
+    too_long, fine = GenerateRequest("word " * 5000, max_new_tokens=4), GenerateRequest("Say hi.", max_new_tokens=4)
+    bad, good = remote.generate([too_long, fine], return_exceptions=True)
+    assert isinstance(bad, TritonError) and "max_prompt_tokens" in str(bad)
+    assert isinstance(good, Generation) and good.token_ids
+    with pytest.raises(TritonError, match="max_prompt_tokens"):
+        remote.generate([too_long])
+    with pytest.raises(TritonError, match=r"no READY model serving generate\(\) with weights 'gemma3-270m'.*scorer"):
+        _backend(triton_server, "gemma3-270m").check(["generate"])
+    slow = _backend(triton_server, "smollm2-135m-instruct", timeout_s=0.05)
+    with pytest.raises(TritonTimeout, match="no answer within 0.05s"):
+        slow.generate([GenerateRequest("Write a long story about a dragon.", max_new_tokens=200)])
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_is_reported(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "model_repo" / "embedder", repo / "broken")
+    config = repo / "broken" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "embedder"', 'name: "broken"')
+                      .replace("all-minilm-l6-v2", "no-such-model"))
+    strict = launch.TritonServer(repo, launch.install(), log_path=tmp_path / "strict.log")
+    with pytest.raises(launch.TritonStartError, match="unknown model 'no-such-model'"):
+        strict.start()  # default: the server refuses to start, and the error carries its log
+    server = _start(tmp_path / "lenient", repo, extra_args=("--exit-on-error=false", "--strict-readiness=false"))
+    try:
+        from specrag.inference.triton import TritonError
+        with pytest.raises(TritonError, match=r"broken \(\?, \?, UNAVAILABLE: .*unknown model 'no-such-model'"):
+            _backend(server, "all-minilm-l6-v2").check(["embed"])
+    finally:
+        server.stop()
+
+
+def _answer_cmd(queries, out, index, server, *extra) -> list[str]:
+    return [sys.executable, "-m", "specrag.pipelines.cli", "answer", "--queries", str(queries), "--output", str(out),
+            "--method", "standard", "--set", "top_k=3", "--index", str(index), "--backend", "triton",
+            "--triton-url", server.grpc_url, *extra]
+
+
+@pytest.mark.slow
+def test_pipeline_through_triton_equals_local(triton_server, demo_tables, demo_index, tmp_path):
+    from specrag.methods import create_method
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    from specrag.inference.triton import TritonConfig
+    from specrag.transforms.runtime import RuntimeConfig
+    method = create_method("standard", top_k=3)
+    answers = {}
+    for backend in ("local", "triton"):
+        runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index),
+                                triton=TritonConfig(triton_server.grpc_url) if backend == "triton" else None)
+        out = tmp_path / backend
+        run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime.with_roles(method.model_roles),
+                             batch_size=8, num_shards=2, beam_args=BEAM_ARGS))
+        rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+        answers[backend] = {r["id"]: r["answer"] for r in rows}
+        assert not pq.read_table(sorted(out.glob("dead_letters-*.parquet"))).num_rows
+    assert len(answers["local"]) == pq.read_table(demo_tables[0]).num_rows
+    assert answers["triton"] == answers["local"]
+
+
+@pytest.mark.slow
+def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_those(demo_tables, demo_index, tmp_path):
+    out = tmp_path / "run"
+    server = _start(tmp_path / "first")
+    ids = pq.read_table(demo_tables[0]).column("id").to_pylist()
+    cmd = _answer_cmd(demo_tables[0], out, demo_index, server, "--batch-size", "2", "--engine-batch", "2",
+                      "--shards", "1", "--triton-retries", "1")
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while _metric(server, "nv_inference_request_success", "generator") < 4:
+            assert run.poll() is None, f"the run ended before the server was killed:\n{run.stdout.read()}"
+            assert time.monotonic() < deadline, "no generation reached the server"
+            time.sleep(0.2)
+        server.kill()
+        log, _ = run.communicate(timeout=900)
+    finally:
+        server.kill()
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, log
+    answered = pq.read_table(sorted(out.glob("results-*.parquet"))).column("id").to_pylist()
+    dead = pq.read_table(sorted(out.glob("dead_letters-*.parquet"))).to_pylist()
+    assert answered and dead, (len(answered), len(dead))
+    assert sorted(answered + [d["id"] for d in dead]) == sorted(ids)  # every query exactly once
+    for d in dead:
+        assert (d["stage"], d["error_type"]) == ("Generate", "TritonUnavailable") and "unavailable" in d["message"], d
+
+    again = _start(tmp_path / "second")
+    try:
+        resumed = subprocess.run(_answer_cmd(demo_tables[0], out, demo_index, again, "--resume"),
+                                 capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert _metric(again, "nv_inference_request_success", "generator") == len(dead)  # only the missing ones
+    finally:
+        again.stop()
+    final = pq.read_table(sorted(out.glob("results-*.parquet"))).column("id").to_pylist()
+    assert sorted(final) == sorted(ids)
+    assert not pq.read_table(sorted(out.glob("dead_letters-*.parquet"))).num_rows
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["resumed"]["skipped_finished"] == len(answered)
