@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,26 +39,16 @@ def main() -> int:
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "engine_batching.md"))
     args = ap.parse_args()
 
-    import pyarrow.parquet as pq
     import torch
     torch.set_num_threads(args.threads)
     from specrag.evaluation.metrics import contains
-    from specrag.importers import import_datasets
     from specrag.inference import Engine, EngineConfig, Services
     from specrag.inference.local import LocalBackend, LocalModelConfig
     from specrag.methods import create_method
     from specrag.methods.local_run import run_method
-    from specrag.pipelines.build_index import run_build_index
-    from specrag.retrieval import open_retriever
-    from specrag.schemas import validate_query
+    from workloads import machine_line, markdown_table, popqa_bm25, publish
 
-    work = Path(tempfile.mkdtemp(prefix="engine_batching-"))
-    names = ["hotpotqa", "popqa", "nq", "webquestions", "arc_challenge", "arc_challenge_selfrag", "pubhealth", "asqa"]
-    import_datasets(Path(args.data_dir), names, work / "data", pool=True)
-    run_build_index(str(work / "data" / "pooled_corpus.parquet"), str(work / "index"), ["bm25"])
-    retriever = open_retriever(work / "index", "bm25")
-    queries = [validate_query(r) for r in pq.read_table(work / "data" / "popqa" / "queries.parquet").to_pylist()]
-    queries = queries[: args.queries]
+    _, retriever, queries = popqa_bm25(args.data_dir, args.queries, "engine_batching-")
     generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype))
 
     methods = [("standard", {"top_k": args.top_k})] + ([] if args.skip_no_retrieval else [("no-retrieval", {})])
@@ -97,9 +85,7 @@ def main() -> int:
 
     cols = ["method", "engine_batch", "queries", "wall_s", "queries_per_s", "median_latency_s", "model_calls",
             "mean_rows_per_call", "prompt_tokens", "generated_tokens", "prefill_s", "decode_s", "contains_acc"]
-    fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)
-    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    table += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    table = markdown_table(rows, cols)
     lines = ["", *table, ""]
     for name, _ in methods:
         same = sum(a == b for a, b in zip(answers[(name, 1)], answers[(name, args.batch)]))
@@ -109,18 +95,10 @@ def main() -> int:
         lines.append(f"{name}: wall speedup {speedup(name):.2f}x, decode speedup {decode[1] / decode[args.batch]:.2f}x, "
                      f"prefill share of model time at batch 1 {100 * prefill_share:.0f}%, "
                      f"identical outputs {same}/{len(queries)}")
-    report = "\n".join(lines)
-    print(report)
-    command = " ".join(["python", "benchmarks/engine_batching.py", *sys.argv[1:]])
-    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.results).write_text(
-        f"# Engine batching benchmark\n\nCommand: `{command}`\n\n"
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{args.threads} torch thread(s), dtype {args.dtype}; data: first {len(queries)} PopQA questions, "
-        f"BM25 over the pooled corpus of the shared sets, top-{args.top_k} documents.\n"
-        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n{report}\n\n"
-        f"batching_speedup={speedup('standard'):.2f}\n")
-    print(f"batching_speedup={speedup('standard'):.2f}")
+    publish(args.results, "Engine batching benchmark",
+            f"{machine_line(args.threads)}, dtype {args.dtype}; data: first {len(queries)} PopQA questions, "
+            f"BM25 over the pooled corpus of the shared sets, top-{args.top_k} documents.",
+            "\n".join(lines), f"batching_speedup={speedup('standard'):.2f}")
     return 0
 
 

@@ -87,24 +87,37 @@ def test_protocol_round_trips_every_operation():
     assert np.array_equal(np.stack(decode_results("embed", encode_results("embed", vecs))), vecs)
 
 
-def test_model_repository_configs_match_the_protocol():
+def _check_repository(repo: Path, kind: str) -> dict[str, dict]:
+    """Every config declares the protocol's tensors, a known model and dynamic batching."""
     from specrag.inference.models import MODELS
     served = {}
-    for config in sorted((REPO / "model_repo").glob("*/config.pbtxt")):
+    for config in sorted(repo.glob("*/config.pbtxt")):
         text = config.read_text()
         params = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
-        op = params["specrag_op"]
         assert params["specrag_model"] in MODELS
-        spec = OPS[op]
-        inputs = re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', text.split("output [")[0])
-        outputs = re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', text.split("output [")[1])
+        spec = OPS[params["specrag_op"]]
+        head, tail = text.split("output [")
         as_triton = lambda pairs: [(n, "BYTES" if t == "STRING" else t) for n, t in pairs]  # noqa: E731
-        assert as_triton(inputs) == list(spec.inputs), config
-        assert as_triton(outputs) == list(spec.outputs), config
-        assert "KIND_CPU" in text and "dynamic_batching" in text
+        assert as_triton(re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', head)) == list(spec.inputs), config
+        assert as_triton(re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', tail)) == list(spec.outputs), config
+        assert f"kind: {kind}" in text and "dynamic_batching" in text
         assert (config.parent / "1" / "model.py").exists()
-        served[op] = params["specrag_model"]
-    assert served == {"generate": "smollm2-135m-instruct", "score": "gemma3-270m", "embed": "all-minilm-l6-v2"}
+        served[params["specrag_op"]] = params
+    return served
+
+
+def test_model_repository_configs_match_the_protocol():
+    served = _check_repository(REPO / "model_repo", "KIND_CPU")
+    assert {op: p["specrag_model"] for op, p in served.items()} == {
+        "generate": "smollm2-135m-instruct", "score": "gemma3-270m", "embed": "all-minilm-l6-v2"}
+
+
+def test_gpu_repository_variant_keeps_the_models_and_changes_the_instances(tmp_path):
+    out = tmp_path / "gpu_repo"
+    subprocess.run([sys.executable, str(REPO / "deploy" / "triton" / "gpu" / "make_gpu_repo.py"), str(out)], check=True)
+    served = _check_repository(out, "KIND_GPU")
+    assert served["generate"]["dtype"] == "bfloat16" and served["embed"]["dtype"] == "float32"
+    assert "count: 2" in (out / "generator" / "config.pbtxt").read_text()
 
 
 def test_unreachable_server_is_a_clear_error_at_start():

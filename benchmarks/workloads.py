@@ -1,0 +1,53 @@
+"""Workloads and reporting shared by the benchmarks (run as scripts from the repository root)."""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_SETS = ["hotpotqa", "popqa", "nq", "webquestions", "arc_challenge", "arc_challenge_selfrag", "pubhealth",
+               "asqa"]
+
+
+def popqa_bm25(data_dir: str, n: int, prefix: str):
+    """(workdir, BM25 retriever over the pooled corpus, first n PopQA queries)."""
+    import pyarrow.parquet as pq
+    from specrag.importers import import_datasets
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.retrieval import open_retriever
+    from specrag.schemas import validate_query
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    import_datasets(Path(data_dir), SHARED_SETS, work / "data", pool=True)
+    run_build_index(str(work / "data" / "pooled_corpus.parquet"), str(work / "index"), ["bm25"])
+    retriever = open_retriever(work / "index", "bm25")
+    queries = [validate_query(r) for r in pq.read_table(work / "data" / "popqa" / "queries.parquet").to_pylist()]
+    return work, retriever, queries[:n]
+
+
+def markdown_table(rows: list[dict], cols: list[str]) -> list[str]:
+    fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
+    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows])
+
+
+def machine_line(threads: int) -> str:
+    import torch
+    return (f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{threads} torch thread(s)")
+
+
+def recorded() -> str:
+    return f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+
+
+def publish(results: str, title: str, setup: str, report: str, last_line: str) -> None:
+    """Print the report and its last line; record both with the command that made them."""
+    print(report)
+    command = " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    Path(results).parent.mkdir(parents=True, exist_ok=True)
+    Path(results).write_text(f"# {title}\n\nCommand: `{command}`\n\n{setup}\n{recorded()}\n{report}\n\n{last_line}\n")
+    print(last_line)
