@@ -122,6 +122,25 @@ class Context:
                                      "scores": [float(h.score) for h in hits]})
         return hits
 
+    async def score_docs(self, query: str, doc_ids: Sequence[str]) -> list[float]:
+        """The retriever's own scores of given documents (a speculation cache ranks with them).
+
+        Batched across queries in a thread of its own, so a cache lookup never queues behind
+        a slow index search running at the same time (asynchronous verification).
+        """
+        start = time.perf_counter()
+        scores, waited, _ = await self._engine.batcher("score_docs", "retriever-cache").submit_timed(
+            (query, tuple(doc_ids)))
+        self.trace.count("cache_hits")
+        self._account("retrieval_s", start, waited)
+        return scores
+
+    def tokenize(self, text: str, model: str = "generator") -> list[int]:
+        return self._engine.model(model).tokenize([text])[0]
+
+    def detokenize(self, ids: Sequence[int], model: str = "generator") -> str:
+        return self._engine.model(model).detokenize([list(ids)])[0]
+
     def _account(self, bucket: str, start: float, waited: float) -> None:
         elapsed = time.perf_counter() - start
         self.trace.add_time(bucket, elapsed - waited)
@@ -152,16 +171,15 @@ class Engine:
         batcher = self._batchers.get(key)
         if batcher is not None:
             return batcher
-        if op == "search":
+        if op in ("search", "score_docs"):
             if self.services.retriever is None:
                 raise RuntimeError("this method retrieves, but no retriever (index) was configured")
             retriever = self.services.retriever
-            call, max_batch, inflight = (lambda qs: retriever.search(qs, k)), self.config.retrieval_max_batch, 1
+            max_batch, inflight = self.config.retrieval_max_batch, 1
+            call = ((lambda qs: retriever.search(qs, k)) if op == "search"
+                    else (lambda pairs: [retriever.score(q, ids) for q, ids in pairs]))
         else:
-            backend = self.services.models.get(target)
-            if backend is None:
-                raise RuntimeError(f"no model backend configured for role {target!r} "
-                                   f"(have: {sorted(self.services.models)})")
+            backend = self.model(target)
             call = getattr(backend, op)
             if getattr(backend, "supports_row_errors", False):  # one bad row fails alone
                 call = functools.partial(call, return_exceptions=True)
@@ -179,6 +197,13 @@ class Engine:
                                max_wait_s=self.config.max_wait_s, executor=executor)
         self._batchers[key] = batcher
         return batcher
+
+    def model(self, role: str) -> ModelBackend:
+        backend = self.services.models.get(role)
+        if backend is None:
+            raise RuntimeError(f"no model backend configured for role {role!r} "
+                               f"(have: {sorted(self.services.models)})")
+        return backend
 
     def run_stage(self, stage: Any, states: Sequence[Any]) -> list[StageOutcome]:
         """Run ``stage.run`` for every state concurrently; one outcome per input, in order."""

@@ -94,9 +94,27 @@ class LocalCausalLM:
         return ids
 
     # -- operations ---------------------------------------------------------------------
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    def detokenize(self, ids: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(list(i), skip_special_tokens=True) for i in ids]
+
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
+        """Batch-invariant rows run alone (prefill and decode); the rest share one batch."""
+        alone = [i for i, r in enumerate(requests) if r.batch_invariant]
+        if not alone or (len(requests) == 1):
+            with self._lock:
+                return self._generate(requests)
+        out: list[Generation | None] = [None] * len(requests)
+        together = [i for i in range(len(requests)) if i not in set(alone)]
         with self._lock:
-            return self._generate(requests)
+            for i in alone:
+                out[i] = self._generate([requests[i]])[0]
+            if together:
+                for i, g in zip(together, self._generate([requests[i] for i in together])):
+                    out[i] = g
+        return out
 
     def _prefill(self, prompts: list[list[int]], extra_capacity: int):
         """KV cache, attention mask, last positions and next-token logits for a batch.
@@ -130,7 +148,11 @@ class LocalCausalLM:
 
     def _generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         import torch
-        prompts = [self.prompt_ids(r.prompt, r.chat) for r in requests]
+        prompts = [self.prompt_ids(r.prompt, r.chat) + list(r.continuation_ids) for r in requests]
+        over = [len(p) for p in prompts if len(p) > self.config.max_prompt_tokens]
+        if over:
+            raise ValueError(f"prompt has {over[0]} tokens with its continuation, over max_prompt_tokens="
+                             f"{self.config.max_prompt_tokens} of {self.name}")
         n = len(requests)
         generators = [torch.Generator().manual_seed(r.seed) if r.temperature > 0 else None
                       for r in requests]
@@ -271,6 +293,12 @@ class LocalBackend:
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         return self._require("generate")(requests)
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return self._require("tokenize")(texts)
+
+    def detokenize(self, ids: list[list[int]]) -> list[str]:
+        return self._require("detokenize")(ids)
 
     def score(self, requests: list[ScoreRequest]) -> list[Scored]:
         return self._require("score")(requests)

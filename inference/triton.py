@@ -216,6 +216,20 @@ class TritonBackend:
     def score(self, requests: list[ScoreRequest], return_exceptions: bool = False) -> list[Scored]:
         return self._call("score", requests, return_exceptions)
 
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return [self._tokenizer()(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    def detokenize(self, ids: list[list[int]]) -> list[str]:
+        return [self._tokenizer().decode(list(i), skip_special_tokens=True) for i in ids]
+
+    def _tokenizer(self):
+        """The served model's tokenizer, loaded on the client (files only, no weights)."""
+        if getattr(self, "_tok", None) is None:
+            from transformers import AutoTokenizer
+            from specrag.inference.models import materialise
+            self._tok = AutoTokenizer.from_pretrained(materialise(self.name))
+        return self._tok
+
     def embed(self, texts: list[str], return_exceptions: bool = False):
         rows = self._call("embed", list(texts), return_exceptions)
         if return_exceptions:

@@ -26,7 +26,8 @@ class OpSpec:
 OPS: dict[str, OpSpec] = {
     "generate": OpSpec(
         inputs=(("PROMPT", "BYTES"), ("MAX_NEW_TOKENS", "INT32"), ("STOP", "BYTES"),
-                ("TEMPERATURE", "FP64"), ("TOP_P", "FP64"), ("SEED", "INT64"), ("CHAT", "BOOL")),
+                ("TEMPERATURE", "FP64"), ("TOP_P", "FP64"), ("SEED", "INT64"), ("CHAT", "BOOL"),
+                ("CONTINUATION_IDS", "BYTES"), ("BATCH_INVARIANT", "BOOL")),
         outputs=(("TEXT", "BYTES"), ("TOKEN_IDS", "INT64"), ("TOKEN_LOGPROBS", "FP32"),
                  ("NUM_TOKENS", "INT32"), ("PROMPT_TOKENS", "INT32"), ("FINISH_REASON", "BYTES"))),
     "score": OpSpec(
@@ -76,7 +77,9 @@ def encode_requests(op: str, requests: list) -> dict[str, np.ndarray]:
                 "TEMPERATURE": _column([r.temperature for r in requests], "FP64"),
                 "TOP_P": _column([r.top_p for r in requests], "FP64"),
                 "SEED": _column([r.seed for r in requests], "INT64"),
-                "CHAT": _column([r.chat for r in requests], "BOOL")}
+                "CHAT": _column([r.chat for r in requests], "BOOL"),
+                "CONTINUATION_IDS": _column([json.dumps(list(r.continuation_ids)) for r in requests], "BYTES"),
+                "BATCH_INVARIANT": _column([r.batch_invariant for r in requests], "BOOL")}
     if op == "score":
         return {"PROMPT": _column([r.prompt for r in requests], "BYTES"),
                 "CONTINUATION": _column([r.continuation for r in requests], "BYTES")}
@@ -95,7 +98,9 @@ def decode_requests(op: str, tensors: dict[str, np.ndarray]) -> list:
                                 temperature=float(tensors["TEMPERATURE"][i][0]),
                                 top_p=float(tensors["TOP_P"][i][0]),
                                 seed=int(tensors["SEED"][i][0]),
-                                chat=bool(tensors["CHAT"][i][0])) for i in range(rows)]
+                                chat=bool(tensors["CHAT"][i][0]),
+                                continuation_ids=tuple(json.loads(_text(tensors["CONTINUATION_IDS"][i][0]))),
+                                batch_invariant=bool(tensors["BATCH_INVARIANT"][i][0])) for i in range(rows)]
     if op == "score":
         return [ScoreRequest(_text(p[0]), _text(c[0]))
                 for p, c in zip(tensors["PROMPT"], tensors["CONTINUATION"])]

@@ -15,6 +15,12 @@ class GenerateRequest:
     top_p: float = 1.0
     seed: int = 0
     chat: bool = True  # wrap the prompt in the model's chat template when it has one
+    # tokens already generated, appended after the (templated) prompt: iterative methods
+    # continue an answer across steps without re-tokenising its text
+    continuation_ids: tuple[int, ...] = ()
+    # decode this row alone so its tokens do not depend on what else shares the batch
+    # (batched matmuls sum in another order); RaLMSpec's exactness needs it
+    batch_invariant: bool = False
 
 
 @dataclass

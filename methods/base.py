@@ -91,6 +91,8 @@ REGISTRY: dict[str, str] = {
     "no-retrieval": "specrag.methods.no_retrieval:NoRetrieval",
     "standard": "specrag.methods.standard:StandardRAG",
     "retrieve-only": "specrag.methods.retrieve_only:RetrieveOnly",
+    "ralmseq": "specrag.methods.ralm:RaLMSeq",
+    "ralmspec": "specrag.methods.ralmspec:RaLMSpec",
 }
 
 

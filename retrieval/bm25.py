@@ -78,8 +78,20 @@ class BM25Retriever:
         return out
 
     def score(self, query: str, doc_ids: Sequence[str]) -> list[float]:
-        scores = self._scores(query)
-        return [float(scores[r]) for r in self.store.rows(doc_ids)]
+        """Search's scores for a few documents, from the postings of the query's terms only
+        (a speculation cache asks this every step: it must not cost a search)."""
+        rows = np.asarray(self.store.rows(doc_ids), dtype=np.int64)
+        out = np.zeros(len(rows), dtype=np.float32)
+        sc = self.index.scores
+        data, indices, indptr = sc["data"], sc["indices"], sc["indptr"]
+        for t in self._query_ids(query):  # query term order and repeats, as search sums them
+            lo, hi = int(indptr[t]), int(indptr[t + 1])
+            if hi == lo or not len(rows):
+                continue
+            pos = np.minimum(np.searchsorted(indices[lo:hi], rows), hi - lo - 1)
+            found = indices[lo + pos] == rows
+            out[found] += data[lo + pos[found]]
+        return [float(x) for x in out]
 
     def fetch(self, doc_ids: Sequence[str]) -> list[Hit]:
         return [self.store.hit(r, 0.0) for r in self.store.rows(doc_ids)]

@@ -56,6 +56,23 @@ def pooled_bm25(imported, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pooled_dense(imported, tmp_path_factory) -> Path:
+    """Flat, HNSW and IVF indexes of the pooled corpus (embedding it takes ~10 minutes)."""
+    from specrag.pipelines.build_index import run_build_index
+    index = tmp_path_factory.mktemp("pooled_dense")
+    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["dense", "hnsw", "ivf"], beam_args=BEAM_ARGS)
+    return index
+
+
+@pytest.fixture(scope="session")
+def pooled_lucene_index(imported, tmp_path_factory) -> Path:
+    from specrag.pipelines.build_index import run_build_index
+    index = tmp_path_factory.mktemp("pooled_lucene")
+    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["lucene"], beam_args=BEAM_ARGS)
+    return index
+
+
+@pytest.fixture(scope="session")
 def generator():
     from specrag.transforms.runtime import load_backend
     return load_backend("local", "smollm2-135m-instruct", 1)

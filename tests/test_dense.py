@@ -9,14 +9,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pooled_dense(imported, tmp_path_factory):
-    from specrag.pipelines.build_index import run_build_index
-    index = tmp_path_factory.mktemp("pooled_dense")
-    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["dense", "hnsw", "ivf"])
-    return index
-
-
-@pytest.fixture(scope="module")
 def queries(imported):
     return [q["question"] for q in pq.read_table(imported / "popqa" / "queries.parquet").to_pylist()[:200]]
 

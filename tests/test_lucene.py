@@ -10,11 +10,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pooled_lucene(imported, tmp_path_factory):
-    from specrag.pipelines.build_index import run_build_index
-    index = tmp_path_factory.mktemp("pooled_lucene")
-    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["lucene"])
-    return open_retriever(index, "lucene")
+def pooled_lucene(pooled_lucene_index):
+    return open_retriever(pooled_lucene_index, "lucene")
 
 
 def _questions(imported, name, n=200):

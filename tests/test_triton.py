@@ -74,7 +74,8 @@ def _questions(demo_tables, n: int) -> list[str]:
 # -- no server needed ---------------------------------------------------------------------
 def test_protocol_round_trips_every_operation():
     gens = [GenerateRequest("Qué es ß? ✓", max_new_tokens=7, stop=("\n", "Q:"), temperature=0.7, top_p=0.9,
-                            seed=11, chat=False), GenerateRequest("plain")]
+                            seed=11, chat=False, continuation_ids=(5, 9), batch_invariant=True),
+            GenerateRequest("plain")]
     assert decode_requests("generate", encode_requests("generate", gens)) == gens
     scores = [ScoreRequest("p", " c ✓"), ScoreRequest("", "x")]
     assert decode_requests("score", encode_requests("score", scores)) == scores

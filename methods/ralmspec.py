@@ -1,0 +1,153 @@
+"""RaLMSpec: speculative retrieval from a local cache, batched verification, exact outputs.
+
+Algorithm 1 of the paper: the first document comes from the index (the cache is filled
+with it — with its top-k under prefetching); then rounds of ``s`` speculation steps, each
+taking its document from the request's cache (ranked by the index's own score) and
+generating ``stride`` tokens; then one batched index retrieval for the round's ``s``
+queries. The first mismatch rolls the output back to that step, which is regenerated with
+the true document (exactly RaLMSeq's step). Verified results go into the cache.
+
+Extras, each switchable: ``prefetch`` (top-``search_k`` of every index retrieval into the
+cache, paper 20), ``os3`` (stride from methods/os3.py, starting at 1), and
+``async_verification`` (one more speculation step runs while the round is verified —
+concurrent tasks on the engine: the index search in the retriever's thread, the cache
+lookup and generation in theirs; kept if the round verifies, dropped otherwise).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from specrag.methods.base import Method, QueryState
+from specrag.methods.os3 import StrideScheduler
+from specrag.methods.ralm import RaLMConfig, RaLMSteps
+from specrag.retrieval.base import Hit
+from specrag.retrieval.speculation import SpeculationCache
+
+
+@dataclass(frozen=True)
+class RaLMSpecConfig(RaLMConfig):
+    speculation_stride: int = 3  # s without OS³ (paper)
+    prefetch: bool = False  # P: cache the top-search_k of every index retrieval, not just the top-1
+    os3: bool = False  # S: adaptive stride
+    async_verification: bool = False  # A: one speculation step overlapped with verification
+    os3_window: int = 5
+    os3_gamma_max: float = 0.6
+    os3_max_stride: int = 16
+
+    def validate(self) -> None:
+        super().validate()
+        if self.speculation_stride < 1:
+            raise ValueError(f"speculation_stride must be >= 1, got {self.speculation_stride}")
+        StrideScheduler(self.os3_window, self.os3_gamma_max, self.os3_max_stride)  # validates
+
+
+@dataclass
+class _Speculated:
+    """One speculation step: its query, guessed document, where it started, what it generated."""
+
+    query: str
+    doc: Hit
+    start: int
+    tokens: list[int]
+    finished: bool
+
+
+class RaLMSpecLoop:
+    def __init__(self, config: RaLMSpecConfig, name: str = "RaLMSpec"):
+        self.config = config
+        self.name = name
+
+    async def run(self, item: QueryState, ctx) -> QueryState:
+        cfg = self.config
+        steps = RaLMSteps(item, ctx, cfg, self.name)
+        cache, known = SpeculationCache(), {}
+        scheduler = StrideScheduler(cfg.os3_window, cfg.os3_gamma_max, cfg.os3_max_stride, cfg.async_verification)
+        stats = {"speculation_steps": 0, "verifications": 0, "stride_history": []}
+        out: list[int] = []
+        docs: list[str] = []
+
+        def remember(hits: list[Hit]) -> None:
+            keep = hits if cfg.prefetch else hits[:1]
+            cache.add(h.doc_id for h in keep)
+            known.update((h.doc_id, h) for h in keep)
+
+        async def speculate() -> _Speculated:
+            start_t = time.perf_counter()
+            query = steps.query_text(out)
+            scores = await ctx.score_docs(query, cache.ids)
+            doc = known[cache.best(scores)]
+            start = len(out)
+            gen = await steps.step(doc, out)
+            out.extend(gen.token_ids)
+            stats["speculation_steps"] += 1
+            scheduler.record_step(time.perf_counter() - start_t)
+            return _Speculated(query, doc, start, list(gen.token_ids), steps.finished(gen, out))
+
+        # step 1 with the index's document (Algorithm 1, line 4)
+        first = await steps.search(steps.query_text(out))
+        remember(first)
+        gen = await steps.step(first[0], out)
+        out += gen.token_ids
+        docs.append(first[0].doc_id)
+        done = steps.finished(gen, out)
+        carried: list[_Speculated] = []  # a step speculated during the last verification
+        while not done:
+            stride = scheduler.next_stride() if cfg.os3 else cfg.speculation_stride
+            stats["stride_history"].append(stride)
+            round_: list[_Speculated] = list(carried)
+            carried = []
+            while len(round_) < stride and not (round_ and round_[-1].finished):
+                round_.append(await speculate())
+            verify_start = time.perf_counter()
+            verification = asyncio.ensure_future(asyncio.gather(*(steps.search(s.query) for s in round_)))
+            extra = None
+            if cfg.async_verification and not round_[-1].finished:
+                extra = asyncio.ensure_future(speculate())
+            truths = await verification
+            scheduler.record_verification(time.perf_counter() - verify_start, len(round_),
+                                          _matched(round_, truths))
+            stats["verifications"] += 1
+            for hits in truths:
+                remember(hits)
+            matched = _matched(round_, truths)
+            item.trace.count("speculation_accepted", matched)
+            docs.extend(s.doc.doc_id for s in round_[:matched])
+            if matched == len(round_):
+                if extra is not None:
+                    carried = [await extra]
+                done = round_[-1].finished
+                continue
+            # mismatch at step `matched`: drop it and everything after, regenerate with the truth
+            if extra is not None:
+                await extra  # its tokens come after the mismatch: discarded below
+            bad = round_[matched]
+            rejected = len(round_) - matched + (1 if extra is not None else 0)
+            item.trace.count("speculation_rejected", rejected)
+            item.trace.count("rollbacks")
+            del out[bad.start:]
+            true_doc = truths[matched][0]
+            gen = await steps.step(true_doc, out)
+            out += gen.token_ids
+            docs.append(true_doc.doc_id)
+            done = steps.finished(gen, out)
+        stats["cache_size"] = len(cache)
+        return steps.finalise(out, step_docs=docs, **stats)
+
+
+def _matched(round_: list[_Speculated], truths: list[list[Hit]]) -> int:
+    """How many leading speculation steps guessed the index's top-1."""
+    for i, (s, hits) in enumerate(zip(round_, truths)):
+        if s.doc.doc_id != hits[0].doc_id:
+            return i
+    return len(round_)
+
+
+class RaLMSpec(Method):
+    name = "ralmspec"
+    config_class = RaLMSpecConfig
+    needs_retriever = True
+
+    def stages(self):
+        return [RaLMSpecLoop(self.config)]

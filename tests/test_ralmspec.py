@@ -1,0 +1,202 @@
+"""RaLMSpec: OS³ and the cache in isolation; then RaLMSpec == RaLMSeq token for token on real
+questions for every retriever kind and every combination of prefetching (P), the stride
+scheduler (S) and asynchronous verification (A)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.methods.os3 import StrideScheduler, best_stride, expected_verified, round_latency
+from specrag.retrieval import open_retriever
+from specrag.retrieval.speculation import SpeculationCache
+
+# Small enough for the suite's time budget, long enough for several speculation rounds.
+TEST_SETTINGS = dict(stride=4, max_new_tokens=16, doc_max_tokens=48, query_tokens=32)
+QUESTIONS = 50
+
+
+# -- OS³ and the cache ------------------------------------------------------------------------
+def test_expected_verified_matches_the_papers_sum():
+    for gamma in (0.0, 0.3, 0.6):
+        for s in range(1, 8):
+            direct = 1 + sum(i * gamma ** i * (1 - gamma) for i in range(1, s - 1)) + (s - 1) * gamma ** (s - 1)
+            assert expected_verified(gamma, s) == pytest.approx(direct if s > 1 else 1.0)
+            assert expected_verified(gamma, s) == pytest.approx(sum(gamma ** i for i in range(s)))
+
+
+def test_best_stride_follows_the_cost_of_verification():
+    # verification as cheap as nothing: no reason to speculate past one step
+    assert best_stride(a=1.0, b=0.0, gamma=0.6, asynchronous=False, max_stride=16) == 1
+    # verification ten steps long: amortise it over a longer stride
+    assert best_stride(a=1.0, b=10.0, gamma=0.6, asynchronous=False, max_stride=16) > 3
+    # async hides b behind one step when all match: never a longer stride than sync needs for the same b
+    assert round_latency(3, 1.0, 0.5, 0.6, True) < round_latency(3, 1.0, 0.5, 0.6, False)
+    # hopeless speculation: stride 1
+    assert best_stride(a=1.0, b=10.0, gamma=0.0, asynchronous=False, max_stride=16) == 1
+
+
+def test_scheduler_estimates_gamma_over_its_window_with_the_cap():
+    s = StrideScheduler(window=5, gamma_max=0.6)
+    assert s.next_stride() == 1  # no measurements yet: the paper starts at 1
+    for _ in range(5):
+        s.record_step(1.0)
+        s.record_verification(4.0, stride=3, matched=3)  # all matched: MLE 1.0, capped
+    assert s.gamma() == 0.6
+    for _ in range(5):
+        s.record_verification(4.0, stride=3, matched=1)  # the window forgets the good rounds
+    assert s.gamma() == pytest.approx(5 / (5 + 5))
+    assert s.next_stride() == best_stride(1.0, 4.0, 0.5, False, 16)
+
+
+def test_cache_ranks_by_score_and_breaks_ties_by_insertion():
+    cache = SpeculationCache()
+    cache.add(["a", "b", "a", "c"])
+    assert cache.ids == ("a", "b", "c") and "b" in cache
+    assert cache.best([0.1, 0.5, 0.2]) == "b"
+    assert cache.best([0.5, 0.5, 0.2]) == "a"
+    with pytest.raises(ValueError):
+        SpeculationCache().best([])
+
+
+@pytest.mark.slow
+def test_bm25_cache_scores_equal_search_scores(pooled_bm25, imported):
+    retriever = open_retriever(pooled_bm25, "bm25")
+    questions = [q["question"] for q in pq.read_table(imported / "nq" / "queries.parquet").to_pylist()[:100]]
+    for q, hits in zip(questions, retriever.search(questions, 20)):
+        assert retriever.score(q, [h.doc_id for h in hits]) == [h.score for h in hits]
+
+
+# -- exactness against the baseline -----------------------------------------------------------
+def _questions(imported) -> list[dict]:
+    from specrag.schemas import validate_query
+    rows = pq.read_table(imported / "nq" / "queries.parquet").to_pylist()[:QUESTIONS]
+    return [validate_query(r) for r in rows]
+
+
+def _outputs(states) -> dict[str, tuple]:
+    import json
+    out = {}
+    for s in states:
+        d = json.loads(json.dumps(s.trace.details))
+        out[s.id] = (tuple(d["output_ids"]), tuple(d["step_docs"]), s.raw_output)
+    return out
+
+
+class StepMemo:
+    """The real generator behind a memo of its batch-invariant greedy steps.
+
+    Such a step's output depends only on its request (test_batch_invariant_steps_do_not_depend_
+    on_the_batch checks that on the same model), so answering a repeated request from the memo
+    gives the very tokens the model would: the ablation runs then pay only for the steps that
+    differ (mis-speculated documents), not for the whole generation again.
+    """
+
+    def __init__(self, backend):
+        self.backend, self.memo, self.name = backend, {}, backend.name
+
+    def generate(self, requests):
+        if not all(r.batch_invariant and r.temperature == 0 for r in requests):
+            raise ValueError("only batch-invariant greedy steps can be memoised")
+        todo = list(dict.fromkeys(r for r in requests if r not in self.memo))
+        for r, g in zip(todo, self.backend.generate(todo) if todo else []):
+            self.memo[r] = g
+        return [self.memo[r] for r in requests]
+
+    def tokenize(self, texts):
+        return self.backend.tokenize(texts)
+
+    def detokenize(self, ids):
+        return self.backend.detokenize(ids)
+
+
+def _run(engine_for, method, queries):
+    from specrag.methods.local_run import run_method
+    engine = engine_for()
+    try:
+        states, failures = run_method(engine, method, queries)
+    finally:
+        engine.close()
+    assert not failures, failures[:3]
+    return states
+
+
+def _retriever(kind: str, request):
+    """Only the index a parameter needs is built (the dense ones embed the pooled corpus)."""
+    if kind in ("bm25", "lucene"):
+        return open_retriever(request.getfixturevalue("pooled_bm25" if kind == "bm25" else "pooled_lucene_index"),
+                              kind)
+    return open_retriever(request.getfixturevalue("pooled_dense"), kind, request.getfixturevalue("embedder").embed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bm25", "lucene", "dense", "hnsw"])
+def test_ralmspec_equals_ralmseq_token_for_token(kind, request, generator, imported):
+    """RaLMSeq runs on the model; the eight RaLMSpec variants share a memo of its steps, so
+    each pays only for the steps it generates with a document the baseline never used."""
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.methods import create_method
+    retriever = _retriever(kind, request)
+    queries = _questions(imported)
+    memo = StepMemo(generator)
+
+    def engine_for(model):
+        return lambda: Engine(Services(models={"generator": model}, retriever=retriever), EngineConfig(max_batch=16))
+    baseline = _outputs(_run(engine_for(memo), create_method("ralmseq", **TEST_SETTINGS), queries))
+    assert len(baseline) == len(queries)
+    assert sum(len(ids) for ids, _, _ in baseline.values()) > 2 * TEST_SETTINGS["stride"] * len(queries)
+    accepted = 0
+    for p, s, a in itertools.product([False, True], repeat=3):
+        method = create_method("ralmspec", prefetch=p, os3=s, async_verification=a, **TEST_SETTINGS)
+        states = _run(engine_for(memo), method, queries)
+        got = _outputs(states)
+        diff = [qid for qid in baseline if got[qid] != baseline[qid]]
+        assert not diff, f"{kind} P={p} S={s} A={a}: {len(diff)} outputs differ, e.g. {diff[0]}: " \
+                         f"{got[diff[0]]} vs {baseline[diff[0]]}"
+        accepted += sum(st.trace.counts["speculation_accepted"] for st in states)
+        for st in states:
+            d = st.trace.details
+            assert d["speculation_steps"] >= st.trace.counts["speculation_accepted"]
+            assert len(d["stride_history"]) == d["verifications"]
+            if not s:
+                assert set(d["stride_history"]) <= {3}
+    assert accepted > 0  # speculation did work, it was not all rollbacks
+
+
+@pytest.mark.slow
+def test_batch_invariant_steps_do_not_depend_on_the_batch(generator, imported):
+    from specrag.inference.types import GenerateRequest
+    from specrag.methods.prompts import build_prompt
+    queries = _questions(imported)[:6]
+    steps = [GenerateRequest(build_prompt(q), max_new_tokens=6, continuation_ids=tuple(range(400, 400 + i)),
+                             batch_invariant=True) for i, q in enumerate(queries)]
+    alone = [generator.generate([r])[0] for r in steps]
+    others = [GenerateRequest(build_prompt(q) + " Explain.", max_new_tokens=12) for q in queries]
+    mixed = generator.generate(others[:3] + steps + others[3:])[3:3 + len(steps)]
+    assert mixed == alone  # tokens and float logprobs, bit for bit
+
+
+@pytest.mark.slow
+def test_ralmspec_in_the_beam_pipeline_equals_ralmseq(demo_tables, demo_index, tmp_path):
+    """The real model and the Beam graph end to end, with every extra on."""
+    import json
+    from specrag.methods import create_method
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    from specrag.transforms.runtime import RuntimeConfig
+    outputs = {}
+    for name, extra in (("ralmseq", {}), ("ralmspec", dict(prefetch=True, os3=True, async_verification=True))):
+        method = create_method(name, **TEST_SETTINGS, **extra)
+        out = tmp_path / name
+        run_answer(AnswerJob(str(demo_tables[0]), str(out), method,
+                             RuntimeConfig(index_dir=str(demo_index)).with_roles(method.model_roles),
+                             batch_size=8, num_shards=2, beam_args=("--runner=FnApiRunner",)))
+        rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+        assert not pq.read_table(sorted(out.glob("dead_letters-*.parquet"))).num_rows
+        outputs[name] = {r["id"]: (r["raw_output"], json.loads(r["trace"]["details"])["output_ids"]) for r in rows}
+        if name == "ralmspec":
+            counts = [r["trace"]["counts"] for r in rows]
+            assert sum(c["speculation_accepted"] for c in counts) > 0
+    assert len(outputs["ralmseq"]) == pq.read_table(demo_tables[0]).num_rows
+    assert outputs["ralmspec"] == outputs["ralmseq"]
