@@ -16,6 +16,7 @@ lookup and generation in theirs; kept if the round verifies, dropped otherwise).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -76,8 +77,8 @@ class RaLMSpecLoop:
         async def speculate() -> _Speculated:
             start_t = time.perf_counter()
             query = steps.query_text(out)
-            scores = await ctx.score_docs(query, cache.ids)
-            doc = known[cache.best(scores)]
+            ids = cache.ids  # a snapshot: a verification may add documents while we wait
+            doc = known[cache.best(await ctx.score_docs(query, ids), ids)]
             start = len(out)
             gen = await steps.step(doc, out)
             out.extend(gen.token_ids)
@@ -105,7 +106,12 @@ class RaLMSpecLoop:
             extra = None
             if cfg.async_verification and not round_[-1].finished:
                 extra = asyncio.ensure_future(speculate())
-            truths = await verification
+            try:
+                truths = await verification
+            except BaseException:
+                if extra is not None:
+                    extra.cancel()
+                raise
             scheduler.record_verification(time.perf_counter() - verify_start, len(round_),
                                           _matched(round_, truths))
             stats["verifications"] += 1
@@ -120,8 +126,10 @@ class RaLMSpecLoop:
                 done = round_[-1].finished
                 continue
             # mismatch at step `matched`: drop it and everything after, regenerate with the truth
-            if extra is not None:
-                await extra  # its tokens come after the mismatch: discarded below
+            if extra is not None:  # it continues a rejected step: stop it and drop its tokens
+                extra.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await extra
             bad = round_[matched]
             rejected = len(round_) - matched + (1 if extra is not None else 0)
             item.trace.count("speculation_rejected", rejected)

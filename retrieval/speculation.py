@@ -34,11 +34,13 @@ class SpeculationCache:
     def __contains__(self, doc_id: str) -> bool:
         return doc_id in self._seen
 
-    def best(self, scores: Sequence[float]) -> str:
-        """The cached document with the highest score (scores in ``ids`` order)."""
-        if not self._ids:
+    def best(self, scores: Sequence[float], ids: Sequence[str] | None = None) -> str:
+        """The document with the highest score; ``ids`` is the snapshot the scores were computed
+        for (the cache may have grown meanwhile, e.g. during an asynchronous verification)."""
+        ids = self._ids if ids is None else ids
+        if not ids:
             raise ValueError("speculation cache is empty: fill it from the index first")
-        if len(scores) != len(self._ids):
-            raise ValueError(f"{len(scores)} scores for {len(self._ids)} cached documents")
+        if len(scores) != len(ids):
+            raise ValueError(f"{len(scores)} scores for {len(ids)} cached documents")
         top = max(range(len(scores)), key=lambda i: (scores[i], -i))
-        return self._ids[top]
+        return ids[top]
