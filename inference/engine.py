@@ -27,7 +27,8 @@ import numpy as np
 
 from specrag.inference.batcher import MicroBatcher
 from specrag.inference.trace import Trace
-from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+from specrag.inference.types import (GenerateRequest, Generation, NextToken, NextTokenRequest, ScoreRequest,
+                                     Scored)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Services:
 
     models: dict[str, ModelBackend] = field(default_factory=dict)
     retriever: SearchBackend | None = None
+    datastore: Any = None  # a KNN-LM Datastore (token-level retrieval)
 
 
 class Context:
@@ -135,6 +137,40 @@ class Context:
         self._account("retrieval_s", start, waited)
         return scores
 
+    async def next_token(self, request: NextTokenRequest, model: str = "generator") -> NextToken:
+        """Hidden state and next-token log-probabilities after a prefix (one LM step, no sampling)."""
+        start = time.perf_counter()
+        out, waited, _ = await self._engine.batcher("next_token", model).submit_timed(request)
+        self.trace.count("model_calls")
+        self.trace.count("generated_tokens")
+        self._account("generation_s", start, waited)
+        return out
+
+    async def knn(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest datastore entries (ids, squared distances), batched across queries."""
+        start = time.perf_counter()
+        out, waited, _ = await self._engine.batcher("knn", "datastore", k).submit_timed(vector)
+        self.trace.count("retrieval_calls")
+        self._account("retrieval_s", start, waited)
+        return out
+
+    def knn_among(self, vector: np.ndarray, ids: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest of given entries (a speculation cache): small, so computed in place."""
+        start = time.perf_counter()
+        out = self._engine.datastore().nearest_among(vector, ids, k)
+        self.trace.count("cache_hits")
+        self._account("retrieval_s", start, 0.0)
+        return out
+
+    def eos_ids(self, model: str = "generator") -> list[int]:
+        return list(self._engine.model(model).eos_ids)
+
+    def datastore(self):
+        return self._engine.datastore()
+
+    def datastore_values(self) -> np.ndarray:
+        return self._engine.datastore().values
+
     def tokenize(self, text: str, model: str = "generator") -> list[int]:
         return self._engine.model(model).tokenize([text])[0]
 
@@ -171,7 +207,11 @@ class Engine:
         batcher = self._batchers.get(key)
         if batcher is not None:
             return batcher
-        if op in ("search", "score_docs"):
+        if op == "knn":
+            datastore = self.datastore()
+            max_batch, inflight = self.config.retrieval_max_batch, 1
+            call = lambda vs: datastore.search(vs, k)  # noqa: E731
+        elif op in ("search", "score_docs"):
             if self.services.retriever is None:
                 raise RuntimeError("this method retrieves, but no retriever (index) was configured")
             retriever = self.services.retriever
@@ -180,7 +220,9 @@ class Engine:
                     else (lambda pairs: [retriever.score(q, ids) for q, ids in pairs]))
         else:
             backend = self.model(target)
-            call = getattr(backend, op)
+            call = getattr(backend, op, None)
+            if call is None:
+                raise RuntimeError(f"the {target} backend ({backend.name}) does not offer {op}()")
             if getattr(backend, "supports_row_errors", False):  # one bad row fails alone
                 call = functools.partial(call, return_exceptions=True)
             max_batch = self.config.max_batch
@@ -197,6 +239,11 @@ class Engine:
                                max_wait_s=self.config.max_wait_s, executor=executor)
         self._batchers[key] = batcher
         return batcher
+
+    def datastore(self):
+        if self.services.datastore is None:
+            raise RuntimeError("this method retrieves per token, but no KNN-LM datastore was configured")
+        return self.services.datastore
 
     def model(self, role: str) -> ModelBackend:
         backend = self.services.models.get(role)

@@ -18,7 +18,8 @@ import numpy as np
 
 from specrag.inference.kv_cache import can_stack, stack_caches
 from specrag.inference.models import materialise, model_spec
-from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+from specrag.inference.types import (GenerateRequest, Generation, NextToken, NextTokenRequest, ScoreRequest,
+                                     Scored)
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,37 @@ class LocalCausalLM:
         with self._lock:
             return self._score(requests)
 
+    def next_token(self, requests: list[NextTokenRequest]) -> list[NextToken]:
+        """Each row alone (batch-invariant): one forward over its whole prefix."""
+        import torch
+        out = []
+        with self._lock, torch.inference_mode():
+            for r in requests:
+                ids = self.prompt_ids(r.prompt, r.chat) + list(r.continuation_ids)
+                res = self.model(input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True,
+                                 logits_to_keep=1, use_cache=False)
+                hidden = res.hidden_states[-1][0, -1].float().cpu().numpy()
+                logprobs = torch.log_softmax(res.logits[0, -1].float(), dim=-1).cpu().numpy()
+                out.append(NextToken(hidden.astype(np.float32), logprobs.astype(np.float32), len(ids)))
+        return out
+
+    def token_states(self, texts: list[str], max_tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Teacher-forced (hidden state at t, token t+1) pairs of each text: a KNN-LM datastore's
+        keys and values. Texts are cut to ``max_tokens`` tokens."""
+        import torch
+        out = []
+        with self._lock, torch.inference_mode():
+            for text in texts:
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+                if len(ids) < 2:
+                    out.append((np.zeros((0, self.model.config.hidden_size), np.float32), np.zeros(0, np.int64)))
+                    continue
+                res = self.model(input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True,
+                                 use_cache=False, logits_to_keep=1)
+                keys = res.hidden_states[-1][0, :-1].float().cpu().numpy().astype(np.float32)
+                out.append((keys, np.asarray(ids[1:], dtype=np.int64)))
+        return out
+
     def _score(self, requests: list[ScoreRequest]) -> list[Scored]:
         import torch
         rows, spans = [], []
@@ -296,6 +328,16 @@ class LocalBackend:
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return self._require("tokenize")(texts)
+
+    def next_token(self, requests: list[NextTokenRequest]) -> list[NextToken]:
+        return self._require("next_token")(requests)
+
+    def token_states(self, texts: list[str], max_tokens: int):
+        return self._require("token_states")(texts, max_tokens)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return list(getattr(self._impl, "eos_ids", []))
 
     def detokenize(self, ids: list[list[int]]) -> list[str]:
         return self._require("detokenize")(ids)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
@@ -49,3 +51,21 @@ class Scored:
     @property
     def total(self) -> float:
         return float(sum(self.token_logprobs))
+
+
+@dataclass(frozen=True)
+class NextTokenRequest:
+    """The model's state after prompt + continuation: what token-level retrieval (KNN-LM) needs."""
+
+    prompt: str
+    continuation_ids: tuple[int, ...] = ()
+    chat: bool = True
+
+
+@dataclass
+class NextToken:
+    """Final hidden state (the KNN-LM key) and next-token log-probabilities at the last position."""
+
+    hidden: np.ndarray  # float32 [hidden_size]
+    logprobs: np.ndarray  # float32 [vocab]
+    prompt_tokens: int

@@ -68,6 +68,7 @@ class Method:
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
     model_roles: ClassVar[tuple[str, ...]] = ("generator",)
     needs_retriever: ClassVar[bool] = False
+    needs_datastore: ClassVar[bool] = False  # token-level retrieval (KNN-LM)
 
     def __init__(self, config: MethodConfig | None = None, **overrides: Any):
         if config is None:
@@ -93,6 +94,8 @@ REGISTRY: dict[str, str] = {
     "retrieve-only": "specrag.methods.retrieve_only:RetrieveOnly",
     "ralmseq": "specrag.methods.ralm:RaLMSeq",
     "ralmspec": "specrag.methods.ralmspec:RaLMSpec",
+    "knnlm": "specrag.methods.knnlm:KNNLM",
+    "knnlm-spec": "specrag.methods.knnlm:KNNLMSpec",
 }
 
 

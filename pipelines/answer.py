@@ -42,7 +42,7 @@ class AnswerJob:
     extra_manifest: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        self.runtime.validate(self.method.model_roles, self.method.needs_retriever)
+        self.runtime.validate(self.method.model_roles, self.method.needs_retriever, self.method.needs_datastore)
         if self.batch_size < 1 or self.num_shards < 1:
             raise ValueError("batch_size and num_shards must be >= 1")
         expand_inputs(self.queries)

@@ -1,4 +1,4 @@
-"""The `specrag` command: import-data, build-index, answer, evaluate, demo.
+"""The `specrag` command: import-data, build-index, build-datastore, answer, evaluate, demo.
 
 Arguments the command does not know are passed to Beam as pipeline options (for example
 ``--runner=PortableRunner --job_endpoint=...``); the default runner is the FnApiRunner.
@@ -51,7 +51,7 @@ def _runtime(args):
     return RuntimeConfig(backend=args.backend, models=tuple(sorted(models.items())),
                          index_dir=args.index, retriever=args.retriever, num_threads=args.threads, dtype=args.dtype,
                          engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait),
-                         triton=triton)
+                         triton=triton, datastore_dir=args.datastore, datastore_kind=args.datastore_kind)
 
 
 def cmd_import_data(args, extra) -> int:
@@ -69,6 +69,15 @@ def cmd_build_index(args, extra) -> int:
     manifest = run_build_index(args.corpus, args.index, kinds, embedder=args.embedder,
                                num_threads=args.threads, beam_args=_beam_args(extra), dense_params=dense_params)
     print(json.dumps(manifest["index"], indent=2))
+    return 0
+
+
+def cmd_build_datastore(args, extra) -> int:
+    from specrag.pipelines.build_datastore import run_build_datastore
+    manifest = run_build_datastore(args.corpus, args.out, model=args.model, max_tokens=args.max_tokens,
+                                   max_entries=args.max_entries, kinds=tuple(args.kinds.split(",")),
+                                   num_threads=args.threads, dtype=args.dtype, beam_args=_beam_args(extra))
+    print(json.dumps(manifest["datastore"], indent=2))
     return 0
 
 
@@ -116,6 +125,8 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", metavar="ROLE=NAME",
                    help="model for a role, e.g. generator=smollm2-135m-instruct")
     p.add_argument("--index", help="index folder from `specrag build-index`")
+    p.add_argument("--datastore", help="KNN-LM datastore folder from `specrag build-datastore`")
+    p.add_argument("--datastore-kind", default="flat", help="flat (exact) | hnsw")
     p.add_argument("--retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")),
                    help="torch threads per worker")
@@ -144,6 +155,17 @@ def parser() -> argparse.ArgumentParser:
                    help="FAISS indexes in N row-range shards; search merges their top-k")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     p.set_defaults(fn=cmd_build_index)
+
+    p = sub.add_parser("build-datastore", help="corpus Parquet → KNN-LM datastore (Beam job)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per passage")
+    p.add_argument("--max-entries", type=int, default=None, help="keep the first N entries in corpus order")
+    p.add_argument("--kinds", default="flat,hnsw")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p.set_defaults(fn=cmd_build_datastore)
 
     p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)")
     p.add_argument("--queries", required=True, help="Parquet file or glob")

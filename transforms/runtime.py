@@ -7,6 +7,7 @@ Benchmarks and tests use the same function, so a Beam run and a direct run load 
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,11 @@ class RuntimeConfig:
     dtype: str = "float32"  # bfloat16: ~2x faster on AMX/AVX512-BF16 CPUs, not bit-equal to float32
     engine: EngineConfig = field(default_factory=EngineConfig)
     triton: TritonConfig | None = None  # where the models are served when backend == "triton"
+    datastore_dir: str | None = None  # KNN-LM datastore (`specrag build-datastore`)
+    datastore_kind: str = "flat"  # flat (exact) | hnsw
 
-    def validate(self, roles: tuple[str, ...] = (), needs_retriever: bool = False) -> None:
+    def validate(self, roles: tuple[str, ...] = (), needs_retriever: bool = False,
+                 needs_datastore: bool = False) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
         models = dict(self.models)
@@ -53,6 +57,15 @@ class RuntimeConfig:
             raise ValueError(f"unknown retriever {self.retriever!r}; known: {', '.join(RETRIEVER_KINDS)}")
         if self.backend == "triton":
             self._check_triton(models)
+        if needs_datastore:
+            if not self.datastore_dir:
+                raise ValueError("the method retrieves per token: pass --datastore (built by `specrag build-datastore`)")
+            manifest = Path(self.datastore_dir) / "manifest.json"
+            if not manifest.exists():
+                raise ValueError(f"{self.datastore_dir} is not a datastore (no manifest.json)")
+            kinds = json.loads(manifest.read_text())["kinds"]
+            if self.datastore_kind not in kinds:
+                raise ValueError(f"datastore {self.datastore_dir} has no {self.datastore_kind!r} index (has: {sorted(kinds)})")
         if needs_retriever:
             if not self.index_dir:
                 raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
@@ -120,6 +133,10 @@ def get_services(config: RuntimeConfig) -> Services:
                                                                   config.num_threads, triton=config.triton)
                 embed = embedder.embed
             retriever = open_retriever(config.index_dir, config.retriever, embed)
-        services = Services(models=models, retriever=retriever)
+        datastore = None
+        if config.datastore_dir:
+            from specrag.retrieval.datastore import Datastore
+            datastore = Datastore(config.datastore_dir, config.datastore_kind)
+        services = Services(models=models, retriever=retriever, datastore=datastore)
         _SERVICES[config] = services
         return services

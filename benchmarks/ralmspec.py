@@ -1,0 +1,168 @@
+"""RaLMSpec vs RaLMSeq: per-request latency split into generation and retrieval (paper Fig. 4, Table 5).
+
+Usage (from the repository root, after `make install`):
+
+    .venv/bin/python benchmarks/ralmspec.py [--questions 20] [--edr-vectors 2000000] [--dtype bfloat16]
+
+Serves NQ questions one request at a time (the paper's latency setting) with RaLMSeq and
+RaLMSpec, +P, +S, +A, +PSA over three retrievers:
+- EDR, exact dense: FAISS flat over the pooled corpus's MiniLM vectors, padded with random unit
+  vectors to ``--edr-vectors`` so one exact search costs about one generation step (the table
+  says how often a padding row won; they score ~0.25 against queries, real passages 0.4-0.8);
+- ADR, approximate dense: HNSW over the pooled corpus;
+- SR, sparse: bm25s over the pooled corpus.
+Every RaLMSpec variant's output is compared with RaLMSeq's token for token. Writes
+benchmarks/results/ralmspec.md; the last line is
+`edr_speedup=<r> adr_speedup=<r> sr_speedup=<r> knnlm_edr_speedup=<r> identical=<true|false>`
+(speed-ups are RaLMSpec+PSA over RaLMSeq in mean latency).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = [("RaLMSeq", "ralmseq", {}), ("RaLMSpec", "ralmspec", {}),
+            ("RaLMSpec+P", "ralmspec", {"prefetch": True}), ("RaLMSpec+S", "ralmspec", {"os3": True}),
+            ("RaLMSpec+A", "ralmspec", {"async_verification": True}),
+            ("RaLMSpec+PSA", "ralmspec", {"prefetch": True, "os3": True, "async_verification": True})]
+
+
+def padded_flat_index(source: Path, out: Path, total: int, seed: int = 0) -> dict:
+    """The pooled corpus's flat index padded with random unit vectors up to ``total`` rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.retrieval.dense import VECTORS, build_faiss
+    from specrag.schemas.tables import PASSAGES
+    real = np.load(source / VECTORS)
+    pads = max(total - len(real), 0)
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal((pads, real.shape[1]), dtype=np.float32)
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / VECTORS, np.concatenate([real, noise]))
+    passages = pq.read_table(source / "passages.parquet")
+    pad_rows = pa.table({"id": [f"~pad-{i:08d}" for i in range(pads)], "title": [""] * pads,
+                         "text": ["(padding)"] * pads}).cast(passages.schema)
+    pq.write_table(pa.concat_tables([passages, pad_rows]).cast(PASSAGES), out / "passages.parquet")
+    params = build_faiss(np.load(out / VECTORS, mmap_mode="r"), out / "dense", "flat")
+    manifest = {"kinds": {"dense": {**params, "embedder": "all-minilm-l6-v2"}}, "passages": len(real) + pads,
+                "padding": pads}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--questions", type=int, default=20)
+    ap.add_argument("--edr-vectors", type=int, default=2_000_000)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--doc-tokens", type=int, default=128)
+    ap.add_argument("--stride", type=int, default=4)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--retrievers", default="edr,adr,sr")
+    ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ralmspec.md"))
+    args = ap.parse_args()
+
+    import pyarrow.parquet as pq
+    import torch
+    torch.set_num_threads(args.threads)
+    from specrag.importers import import_datasets
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.inference.local import LocalBackend, LocalModelConfig
+    from specrag.methods import create_method
+    from specrag.methods.local_run import run_method
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.retrieval import open_retriever
+    from specrag.schemas import validate_query
+    from workloads import SHARED_SETS, machine_line, markdown_table, publish
+
+    work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-ralmspec-bench"))
+    data = work / "data"
+    if not (data / "pooled_corpus.parquet").exists():
+        import_datasets(Path(args.data_dir), SHARED_SETS, data, pool=True)
+    kinds = args.retrievers.split(",")
+    index = work / "index"
+    if not (index / "manifest.json").exists():
+        run_build_index(str(data / "pooled_corpus.parquet"), str(index), ["bm25", "dense", "hnsw"])
+    embedder = LocalBackend(LocalModelConfig("all-minilm-l6-v2", num_threads=args.threads))
+    retrievers = {}
+    if "edr" in kinds:
+        padded = work / f"edr-{args.edr_vectors}"
+        if not (padded / "manifest.json").exists():
+            padded_flat_index(index, padded, args.edr_vectors)
+        retrievers["edr"] = open_retriever(padded, "dense", embedder.embed)
+    if "adr" in kinds:
+        retrievers["adr"] = open_retriever(index, "hnsw", embedder.embed)
+    if "sr" in kinds:
+        retrievers["sr"] = open_retriever(index, "bm25")
+    queries = [validate_query(r) for r in pq.read_table(data / "nq" / "queries.parquet").to_pylist()][:args.questions]
+    generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype))
+    settings = dict(stride=args.stride, max_new_tokens=args.max_new_tokens, doc_max_tokens=args.doc_tokens)
+
+    rows, identical = [], True
+    for kind, retriever in retrievers.items():
+        t = time.perf_counter()  # one exact search should cost about one generation step
+        retriever.search([queries[0]["question"]], 20)
+        search_s = time.perf_counter() - t
+        baseline = None
+        for label, name, extra in VARIANTS:
+            method = create_method(name, **settings, **extra)
+            engine = Engine(Services(models={"generator": generator}, retriever=retriever), EngineConfig(max_batch=16))
+            latencies, states = [], []
+            for q in queries:  # one request at a time: the paper's serving latency
+                start = time.perf_counter()
+                done, failures = run_method(engine, method, [q])
+                latencies.append(time.perf_counter() - start)
+                if failures:
+                    raise SystemExit(f"{kind} {label}: {failures}")
+                states.extend(done)
+            engine.close()
+            outputs = {s.id: s.trace.details["output_ids"] for s in states}
+            if baseline is None:
+                baseline = outputs
+            same = sum(outputs[k] == baseline[k] for k in baseline)
+            identical &= same == len(baseline)
+            t = lambda key: statistics.mean(s.trace.timings[key] for s in states)  # noqa: E731
+            c = lambda key: sum(s.trace.counts[key] for s in states)  # noqa: E731
+            steps = [s.trace.details.get("speculation_steps", 0) for s in states]
+            rows.append({"retriever": kind, "method": label, "mean_latency_s": statistics.mean(latencies),
+                         "generation_s": t("generation_s"), "retrieval_s": t("retrieval_s"),
+                         "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
+                         "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
+                         "pad_docs": sum(d.startswith("~pad-") for s in states for d in s.trace.details["step_docs"]),
+                         "identical": f"{same}/{len(baseline)}", "single_search_s": search_s})
+            print(f"  {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr, flush=True)
+        seq = next(r["mean_latency_s"] for r in rows if r["retriever"] == kind and r["method"] == "RaLMSeq")
+        for r in rows:
+            if r["retriever"] == kind:
+                r["speedup"] = seq / r["mean_latency_s"]
+    cols = ["retriever", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup", "index_searches",
+            "speculation_steps", "accepted", "rollbacks", "pad_docs", "identical", "single_search_s"]
+
+    def speedup(kind):
+        return next((f"{r['speedup']:.2f}" for r in rows if r["retriever"] == kind and r["method"] == "RaLMSpec+PSA"),
+                    "na")
+    setup = (f"{machine_line(args.threads)}, generator dtype {args.dtype}; {len(queries)} NQ questions served one "
+             f"at a time; stride {args.stride} tokens, documents cut to {args.doc_tokens} tokens, up to "
+             f"{args.max_new_tokens} new tokens; EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + "
+             f"random unit padding), ADR = HNSW and SR = bm25s over the pooled corpus (14,947 passages).")
+    last = (f"edr_speedup={speedup('edr')} adr_speedup={speedup('adr')} sr_speedup={speedup('sr')} "
+            f"knnlm_edr_speedup=na identical={'true' if identical else 'false'}")
+    publish(args.results, "RaLMSpec benchmark", setup, "\n".join(["", *markdown_table(rows, cols)]), last)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""`specrag build-datastore`: corpus Parquet → KNN-LM datastore (Beam job + FAISS build).
+
+The Beam job validates passages and runs the generator over them on the workers (teacher
+forcing, each text alone), writing (passage id, position, key, value) shards. The
+datastore is then assembled in corpus order — passages by id, positions ascending — so an
+entry's successors are the contexts that followed it, and indexed (exact and HNSW L2).
+"""
+from __future__ import annotations
+
+import glob
+import time
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.parquetio import WriteToParquet
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from specrag.pipelines.manifest import write_manifest
+from specrag.retrieval.base import passage_text
+from specrag.retrieval.datastore import KINDS, write_datastore
+from specrag.schemas.tables import DEAD_LETTERS
+from specrag.schemas.validation import validate_passage
+from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.transforms.runtime import load_backend
+from specrag.transforms.validate import ValidateRows
+
+ENTRIES = pa.schema([pa.field("passage", pa.string()), pa.field("position", pa.int32()),
+                     pa.field("key", pa.list_(pa.float32())), pa.field("value", pa.int64())])
+
+
+class ContextStates(beam.DoFn):
+    """A batch of passages → one row per (context, next token); the model loads once per worker."""
+
+    def __init__(self, model: str, num_threads: int, max_tokens: int, dtype: str):
+        self.model, self.num_threads, self.max_tokens, self.dtype = model, num_threads, max_tokens, dtype
+
+    def setup(self):
+        self.lm = load_backend("local", self.model, self.num_threads, self.dtype)
+
+    def process(self, batch: list[dict]):
+        states = self.lm.token_states([passage_text(p["title"], p["text"]) for p in batch], self.max_tokens)
+        for p, (keys, values) in zip(batch, states):
+            for pos, (key, value) in enumerate(zip(keys, values)):
+                yield {"passage": p["id"], "position": pos, "key": key.tolist(), "value": int(value)}
+
+
+def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m-instruct", max_tokens: int = 128,
+                        max_entries: int | None = None, kinds: tuple[str, ...] = KINDS, num_threads: int = 1,
+                        dtype: str = "float32", beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)) -> dict:
+    files = expand_inputs(corpus)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in glob.glob(str(out / "entries" / "*")) + glob.glob(str(out / "dead_letters*")):
+        Path(stale).unlink()
+    started = time.time()
+    with beam.Pipeline(options=PipelineOptions(list(beam_args))) as p:
+        valid, dead = (p | "ReadCorpus" >> ReadParquetRows(corpus)
+                       | "ValidatePassages" >> ValidateRows(validate_passage))
+        dead | "WriteDeadLetters" >> WriteToParquet(str(out / "dead_letters"), DEAD_LETTERS,
+                                                    file_name_suffix=".parquet")
+        (valid
+         | "BatchPassages" >> beam.BatchElements(min_batch_size=8, max_batch_size=32)
+         | "ContextStates" >> beam.ParDo(ContextStates(model, num_threads, max_tokens, dtype))
+         | "WriteEntries" >> WriteToParquet(str(out / "entries" / "part"), ENTRIES, file_name_suffix=".parquet"))
+    table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(str(out / "entries" / "*.parquet")))])
+    table = table.sort_by([("passage", "ascending"), ("position", "ascending")])
+    if max_entries is not None:
+        table = table.slice(0, max_entries)
+    keys = np.asarray(table.column("key").combine_chunks().flatten().to_numpy(zero_copy_only=False),
+                      dtype=np.float32).reshape(table.num_rows, -1)
+    values = table.column("value").to_numpy()
+    manifest = write_datastore(keys, values, out, model, kinds, {
+        "corpus": dataset_fingerprint(files), "max_tokens": max_tokens, "dtype": dtype,
+        "passages": len(set(table.column("passage").to_pylist()))})
+    return write_manifest(out, {"job": "build-datastore", "datastore": manifest, "beam_args": list(beam_args),
+                                "wall_s": round(time.time() - started, 3)}, name="job_manifest.json")

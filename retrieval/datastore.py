@@ -1,0 +1,119 @@
+"""KNN-LM datastore: (hidden state of a corpus context → the token that followed) with FAISS L2.
+
+Entries are in corpus order (passage by passage, position by position), so an entry's
+successors are the next contexts of the same text: RaLMSpec's KNN-LM cache is filled with
+the ``n`` entries that follow each retrieved one (spatial locality, paper §5.3).
+
+Layout::
+
+    datastore_dir/
+      manifest.json   entries, dimension, model, kinds, parameters
+      keys.npy        float32 [entries, hidden]     values.npy  int64 [entries]
+      flat.faiss      exact L2                      hnsw.faiss  approximate L2 (M=32)
+
+Search results are re-ranked by the canonical per-pair squared L2 (``distances``), so they
+do not depend on which FAISS code path a batch took, and a cache ranks exactly alike.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+KINDS = ("flat", "hnsw")
+HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 200, 128
+
+
+def write_datastore(keys: np.ndarray, values: np.ndarray, out: Path, model: str, kinds: Sequence[str] = KINDS,
+                    extra: dict | None = None) -> dict:
+    import faiss
+    bad = set(kinds) - set(KINDS)
+    if bad or not kinds:
+        raise ValueError(f"datastore kinds must be some of {KINDS}, got {list(kinds)}")
+    if len(keys) != len(values) or not len(keys):
+        raise ValueError(f"datastore needs as many keys as values, and some: {len(keys)} keys, {len(values)} values")
+    out.mkdir(parents=True, exist_ok=True)
+    keys = np.ascontiguousarray(keys, dtype=np.float32)
+    np.save(out / "keys.npy", keys)
+    np.save(out / "values.npy", np.asarray(values, dtype=np.int64))
+    params = {}
+    for kind in kinds:
+        start = time.time()
+        if kind == "flat":
+            index = faiss.IndexFlatL2(keys.shape[1])
+        else:
+            index = faiss.IndexHNSWFlat(keys.shape[1], HNSW_M)
+            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.add(keys)
+        faiss.write_index(index, str(out / f"{kind}.faiss"))
+        params[kind] = {"build_s": round(time.time() - start, 2)}
+    manifest = {"entries": int(len(keys)), "dim": int(keys.shape[1]), "model": model, "kinds": params,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(extra or {})}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
+
+
+class Datastore:
+    """k-nearest contexts of a hidden state, their next tokens, and their successors."""
+
+    def __init__(self, path: Path | str, kind: str = "flat"):
+        import faiss
+        path = Path(path)
+        manifest_file = path / "manifest.json"
+        if not manifest_file.exists():
+            raise FileNotFoundError(f"{path} is not a datastore (no manifest.json); build one with "
+                                    "`specrag build-datastore`")
+        self.manifest = json.loads(manifest_file.read_text())
+        if kind not in self.manifest["kinds"]:
+            raise ValueError(f"datastore {path} has no {kind!r} index (has: {sorted(self.manifest['kinds'])})")
+        self.kind = kind
+        self.keys = np.load(path / "keys.npy", mmap_mode="r")
+        self.values = np.load(path / "values.npy")
+        self.index = faiss.read_index(str(path / f"{kind}.faiss"))
+        if kind == "hnsw":
+            self.index.hnsw.efSearch = HNSW_EF_SEARCH
+        faiss.cvar.distance_compute_blas_threshold = 5  # batched search: one BLAS pass (see dense.py)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def distances(self, vector: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+        """Canonical squared L2 between one query and given entries (float32, pair by pair)."""
+        q = np.asarray(vector, dtype=np.float32)
+        out = np.empty(len(ids), dtype=np.float32)
+        for i, e in enumerate(ids):
+            diff = np.asarray(self.keys[e], dtype=np.float32) - q
+            out[i] = np.dot(diff, diff)
+        return out
+
+    def search(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query: (entry ids, squared distances), nearest first, ties by entry id."""
+        if not len(vectors):
+            return []
+        q = np.ascontiguousarray(np.stack([np.asarray(v, dtype=np.float32) for v in vectors]))
+        k = min(k, len(self))
+        _, ids = self.index.search(q, k)
+        out = []
+        for qv, row in zip(q, ids):
+            row = row[row >= 0]
+            dist = self.distances(qv, row)
+            order = np.lexsort((row, dist))
+            out.append((row[order].astype(np.int64), dist[order]))
+        return out
+
+    def nearest_among(self, vector: np.ndarray, ids: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest of the given entries (a speculation cache), ranked as ``search`` ranks."""
+        ids = np.asarray(list(ids), dtype=np.int64)
+        dist = self.distances(vector, ids)
+        order = np.lexsort((ids, dist))[:k]
+        return ids[order], dist[order]
+
+    def following(self, ids: Sequence[int], n: int) -> list[int]:
+        """The n entries after each given one (the next contexts of the same corpus text)."""
+        out: list[int] = []
+        for e in ids:
+            out.extend(range(int(e) + 1, min(int(e) + 1 + n, len(self))))
+        return out
