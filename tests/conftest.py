@@ -88,3 +88,46 @@ def scorer():
 def embedder():
     from specrag.transforms.runtime import load_backend
     return load_backend("local", "all-minilm-l6-v2", 1)
+
+
+class StepMemo:
+    """The real generator behind a memo of its batch-invariant greedy steps and next-token states.
+
+    Such a step's output depends only on its request (test_batch_invariant_steps_do_not_depend_
+    on_the_batch checks that on the same model), so answering a repeated request from the memo
+    gives the very tokens the model would: the ablation runs then pay only for the steps that
+    differ (mis-speculated documents), not for the whole generation again.
+    """
+
+    def __init__(self, backend):
+        self.backend, self.memo, self.name = backend, {}, backend.name
+
+    def next_token(self, requests):
+        todo = list(dict.fromkeys(r for r in requests if r not in self.memo))
+        for r, g in zip(todo, self.backend.next_token(todo) if todo else []):
+            self.memo[r] = g
+        return [self.memo[r] for r in requests]
+
+    @property
+    def eos_ids(self):
+        return self.backend.eos_ids
+
+    def generate(self, requests):
+        if not all(r.batch_invariant and r.temperature == 0 for r in requests):
+            raise ValueError("only batch-invariant greedy steps can be memoised")
+        todo = list(dict.fromkeys(r for r in requests if r not in self.memo))
+        for r, g in zip(todo, self.backend.generate(todo) if todo else []):
+            self.memo[r] = g
+        return [self.memo[r] for r in requests]
+
+    def tokenize(self, texts):
+        return self.backend.tokenize(texts)
+
+    def detokenize(self, ids):
+        return self.backend.detokenize(ids)
+
+
+@pytest.fixture(scope="session")
+def step_memo(generator):
+    """A fresh StepMemo over the session's generator (call it for one per test)."""
+    return lambda: StepMemo(generator)

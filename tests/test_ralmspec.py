@@ -85,33 +85,6 @@ def _outputs(states) -> dict[str, tuple]:
     return out
 
 
-class StepMemo:
-    """The real generator behind a memo of its batch-invariant greedy steps.
-
-    Such a step's output depends only on its request (test_batch_invariant_steps_do_not_depend_
-    on_the_batch checks that on the same model), so answering a repeated request from the memo
-    gives the very tokens the model would: the ablation runs then pay only for the steps that
-    differ (mis-speculated documents), not for the whole generation again.
-    """
-
-    def __init__(self, backend):
-        self.backend, self.memo, self.name = backend, {}, backend.name
-
-    def generate(self, requests):
-        if not all(r.batch_invariant and r.temperature == 0 for r in requests):
-            raise ValueError("only batch-invariant greedy steps can be memoised")
-        todo = list(dict.fromkeys(r for r in requests if r not in self.memo))
-        for r, g in zip(todo, self.backend.generate(todo) if todo else []):
-            self.memo[r] = g
-        return [self.memo[r] for r in requests]
-
-    def tokenize(self, texts):
-        return self.backend.tokenize(texts)
-
-    def detokenize(self, ids):
-        return self.backend.detokenize(ids)
-
-
 def _run(engine_for, method, queries):
     from specrag.methods.local_run import run_method
     engine = engine_for()
@@ -133,14 +106,14 @@ def _retriever(kind: str, request):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bm25", "lucene", "dense", "hnsw"])
-def test_ralmspec_equals_ralmseq_token_for_token(kind, request, generator, imported):
+def test_ralmspec_equals_ralmseq_token_for_token(kind, request, step_memo, imported):
     """RaLMSeq runs on the model; the eight RaLMSpec variants share a memo of its steps, so
     each pays only for the steps it generates with a document the baseline never used."""
     from specrag.inference import Engine, EngineConfig, Services
     from specrag.methods import create_method
     retriever = _retriever(kind, request)
     queries = _questions(imported)
-    memo = StepMemo(generator)
+    memo = step_memo()
 
     def engine_for(model):
         return lambda: Engine(Services(models={"generator": model}, retriever=retriever), EngineConfig(max_batch=16))

@@ -1,0 +1,91 @@
+"""KNN-LM: the datastore Beam job, the interpolation, and RaLMSpec for KNN-LM == KNN-LM token for token."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.inference.types import NextToken
+from specrag.methods.knnlm import mix_next_token
+
+QUESTIONS = 50
+PASSAGES = 300  # ~35k datastore entries: builds in about a minute
+
+
+def test_mix_interpolates_knn_and_lm():
+    logprobs = np.log(np.array([0.5, 0.3, 0.2], dtype=np.float32))
+    state = NextToken(np.zeros(2, np.float32), logprobs, 1)
+    values = np.array([2, 2, 1])
+    assert mix_next_token(state, np.array([], dtype=np.int64), np.array([]), values, 0.25, 1.0) == 0
+    # both neighbours say token 2: 0.75*0.2 + 0.25 = 0.400 beats 0.75*0.5 = 0.375
+    assert mix_next_token(state, np.array([0, 1]), np.array([1.0, 1.0]), values, 0.25, 1.0) == 2
+    # a weaker kNN weight leaves the model's choice
+    assert mix_next_token(state, np.array([0, 1]), np.array([1.0, 1.0]), values, 0.1, 1.0) == 0
+    # the nearer neighbour dominates at low temperature
+    assert mix_next_token(state, np.array([2, 0]), np.array([0.0, 5.0]), values, 0.9, 0.1) == 1
+
+
+@pytest.fixture(scope="module")
+def datastore_dir(imported, tmp_path_factory):
+    from specrag.pipelines.build_datastore import run_build_datastore
+    work = tmp_path_factory.mktemp("knnlm")
+    corpus = pq.read_table(imported / "nq" / "corpus.parquet").slice(0, PASSAGES)
+    pq.write_table(corpus, work / "corpus.parquet")
+    run_build_datastore(str(work / "corpus.parquet"), str(work / "ds"), max_tokens=128)
+    return work / "ds"
+
+
+@pytest.mark.slow
+def test_datastore_holds_teacher_forced_states_in_corpus_order(datastore_dir, generator, imported):
+    from specrag.retrieval.base import passage_text
+    from specrag.retrieval.datastore import Datastore
+    store = Datastore(datastore_dir, "flat")
+    assert len(store) > 10 * PASSAGES
+    passages = sorted(pq.read_table(imported / "nq" / "corpus.parquet").slice(0, PASSAGES).to_pylist(),
+                      key=lambda p: p["id"])
+    keys, values = generator.token_states([passage_text(passages[0]["title"], passages[0]["text"])], 128)[0]
+    assert np.array_equal(store.values[:len(values)], values)
+    assert np.array_equal(np.asarray(store.keys[:len(keys)]), keys)
+    assert store.following([3], 2) == [4, 5]
+    ids, dists = store.search([keys[5]], 4)[0]
+    assert ids[0] == 5 and dists[0] == 0.0  # a stored context finds itself
+    hnsw = Datastore(datastore_dir, "hnsw")
+    assert hnsw.search([keys[5]], 4)[0][0][0] == 5
+
+
+@pytest.fixture(scope="module")
+def lm_memo(step_memo):
+    """One memo for both index kinds: a prefix's next-token state does not depend on the index."""
+    return step_memo()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_knnlm_spec_equals_knnlm_token_for_token(kind, datastore_dir, lm_memo, imported):
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.methods import create_method
+    from specrag.methods.local_run import run_method
+    from specrag.retrieval.datastore import Datastore
+    from specrag.schemas import validate_query
+    store = Datastore(datastore_dir, kind)
+    queries = [validate_query(r) for r in pq.read_table(imported / "nq" / "queries.parquet").to_pylist()[:QUESTIONS]]
+    memo = lm_memo  # next-token states are per-row computations: see StepMemo
+
+    def run(method):
+        engine = Engine(Services(models={"generator": memo}, datastore=store), EngineConfig(max_batch=16))
+        states, failures = run_method(engine, method, queries)
+        engine.close()
+        assert not failures, failures[:3]
+        return states
+
+    settings = dict(k=16, max_new_tokens=16)
+    baseline = {s.id: s.trace.details["output_ids"] for s in run(create_method("knnlm", **settings))}
+    assert sum(map(len, baseline.values())) > 4 * len(queries)
+    for os3 in (False, True):
+        states = run(create_method("knnlm-spec", os3=os3, **settings))
+        got = {s.id: s.trace.details["output_ids"] for s in states}
+        diff = [q for q in baseline if got[q] != baseline[q]]
+        assert not diff, f"{kind} os3={os3}: {len(diff)} differ, e.g. {got[diff[0]]} vs {baseline[diff[0]]}"
+        assert sum(s.trace.counts["speculation_accepted"] for s in states) > 0
+        assert all(s.trace.details["cache_size"] > 0 for s in states)
