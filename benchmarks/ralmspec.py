@@ -10,8 +10,9 @@ RaLMSpec, +P, +S, +A, +PSA over three retrievers:
   vectors to ``--edr-vectors`` so one exact search costs about one generation step (the table
   says how often a padding row won; they score ~0.25 against queries, real passages 0.4-0.8);
 - ADR, approximate dense: HNSW over the pooled corpus;
-- SR, sparse: bm25s over the pooled corpus.
-Every RaLMSpec variant's output is compared with RaLMSeq's token for token. Writes
+- SR, sparse: bm25s over the pooled corpus;
+and KNN-LM over a datastore of the pooled corpus (``--knnlm-entries``, Beam job) for each
+k in ``--knnlm-k``, exact (flat L2) and approximate (HNSW). Every RaLMSpec variant's output is compared with RaLMSeq's token for token. Writes
 benchmarks/results/ralmspec.md; the last line is
 `edr_speedup=<r> adr_speedup=<r> sr_speedup=<r> knnlm_edr_speedup=<r> identical=<true|false>`
 (speed-ups are RaLMSpec+PSA over RaLMSeq in mean latency).
@@ -61,6 +62,65 @@ def padded_flat_index(source: Path, out: Path, total: int, seed: int = 0) -> dic
     return manifest
 
 
+def serve_one_by_one(engine, method, queries: list[dict], label: str) -> tuple[list[float], list]:
+    """One request at a time (the paper's serving latency): per-request seconds and final states."""
+    from specrag.methods.local_run import run_method
+    latencies, states = [], []
+    for q in queries:
+        start = time.perf_counter()
+        done, failures = run_method(engine, method, [q])
+        latencies.append(time.perf_counter() - start)
+        if failures:
+            raise SystemExit(f"{label}: {failures}")
+        states.extend(done)
+    engine.close()
+    return latencies, states
+
+
+def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
+    """KNN-LM vs RaLMSpec (+S) for KNN-LM over a datastore of the pooled corpus, per k."""
+    from specrag.inference import Engine, Services
+    from specrag.inference.local import LocalBackend, LocalModelConfig
+    from specrag.methods import create_method
+    from specrag.pipelines.build_datastore import run_build_datastore
+    from specrag.retrieval.datastore import Datastore
+    ds = work / f"datastore-{args.knnlm_entries}-{args.dtype}"
+    if not (ds / "manifest.json").exists():
+        # enough passages (by id, the datastore's order) for the entries: ~100 contexts each
+        import pyarrow.parquet as pq
+        pooled = pq.read_table(data / "pooled_corpus.parquet").sort_by("id")
+        subset = work / f"datastore-corpus-{args.knnlm_entries}.parquet"
+        pq.write_table(pooled.slice(0, min(pooled.num_rows, args.knnlm_entries // 80 + 1)), subset)
+        run_build_datastore(str(subset), str(ds), max_entries=args.knnlm_entries,
+                            dtype=args.dtype, num_threads=args.threads,
+                            beam_args=("--runner=FnApiRunner", "--direct_num_workers=2",
+                                       "--direct_running_mode=multi_processing"))
+    lm = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype))
+    rows = []
+    for kind in ("flat", "hnsw"):
+        store = Datastore(ds, kind)
+        for k in [int(x) for x in args.knnlm_k.split(",")]:
+            base = None
+            for label, name, extra in (("KNN-LM", "knnlm", {}), ("RaLMSpec", "knnlm-spec", {}),
+                                       ("RaLMSpec+S", "knnlm-spec", {"os3": True})):
+                method = create_method(name, k=k, max_new_tokens=args.knnlm_tokens, **extra)
+                lat, states = serve_one_by_one(Engine(Services(models={"generator": lm}, datastore=store)), method,
+                                               queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}")
+                outs = {s.id: s.trace.details["output_ids"] for s in states}
+                base = base or outs
+                rows.append({"datastore": kind, "k": k, "method": label, "mean_latency_s": statistics.mean(lat),
+                             "generation_s": statistics.mean(s.trace.timings["generation_s"] for s in states),
+                             "retrieval_s": statistics.mean(s.trace.timings["retrieval_s"] for s in states),
+                             "accepted": sum(s.trace.counts["speculation_accepted"] for s in states),
+                             "rollbacks": sum(s.trace.counts["rollbacks"] for s in states),
+                             "identical": f"{sum(outs[i] == base[i] for i in base)}/{len(base)}"})
+                print(f"  knnlm {kind} k={k} {label}: {rows[-1]['mean_latency_s']:.2f}s", file=sys.stderr, flush=True)
+            seq = rows[-3]["mean_latency_s"]
+            for r in rows[-3:]:
+                r["speedup"] = seq / r["mean_latency_s"]
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", type=int, default=20)
@@ -71,6 +131,10 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--retrievers", default="edr,adr,sr")
+    ap.add_argument("--knnlm-k", default="1,16,256", help="empty: skip the KNN-LM part")
+    ap.add_argument("--knnlm-entries", type=int, default=1_000_000)
+    ap.add_argument("--knnlm-questions", type=int, default=10)
+    ap.add_argument("--knnlm-tokens", type=int, default=32)
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ralmspec.md"))
     args = ap.parse_args()
@@ -79,10 +143,9 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.threads)
     from specrag.importers import import_datasets
-    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.inference import Engine, Services
     from specrag.inference.local import LocalBackend, LocalModelConfig
     from specrag.methods import create_method
-    from specrag.methods.local_run import run_method
     from specrag.pipelines.build_index import run_build_index
     from specrag.retrieval import open_retriever
     from specrag.schemas import validate_query
@@ -93,9 +156,10 @@ def main() -> int:
     if not (data / "pooled_corpus.parquet").exists():
         import_datasets(Path(args.data_dir), SHARED_SETS, data, pool=True)
     kinds = args.retrievers.split(",")
-    index = work / "index"
+    need = (["bm25"] if "sr" in kinds else []) + (["dense", "hnsw"] if {"edr", "adr"} & set(kinds) else [])
+    index = work / ("index-" + "-".join(need))
     if not (index / "manifest.json").exists():
-        run_build_index(str(data / "pooled_corpus.parquet"), str(index), ["bm25", "dense", "hnsw"])
+        run_build_index(str(data / "pooled_corpus.parquet"), str(index), need)
     embedder = LocalBackend(LocalModelConfig("all-minilm-l6-v2", num_threads=args.threads))
     retrievers = {}
     if "edr" in kinds:
@@ -119,16 +183,8 @@ def main() -> int:
         baseline = None
         for label, name, extra in VARIANTS:
             method = create_method(name, **settings, **extra)
-            engine = Engine(Services(models={"generator": generator}, retriever=retriever), EngineConfig(max_batch=16))
-            latencies, states = [], []
-            for q in queries:  # one request at a time: the paper's serving latency
-                start = time.perf_counter()
-                done, failures = run_method(engine, method, [q])
-                latencies.append(time.perf_counter() - start)
-                if failures:
-                    raise SystemExit(f"{kind} {label}: {failures}")
-                states.extend(done)
-            engine.close()
+            latencies, states = serve_one_by_one(Engine(Services(models={"generator": generator}, retriever=retriever)),
+                                                 method, queries, f"{kind} {label}")
             outputs = {s.id: s.trace.details["output_ids"] for s in states}
             if baseline is None:
                 baseline = outputs
@@ -148,6 +204,7 @@ def main() -> int:
         for r in rows:
             if r["retriever"] == kind:
                 r["speedup"] = seq / r["mean_latency_s"]
+    knn_rows = knnlm_rows(args, work, data, queries) if args.knnlm_k else []
     cols = ["retriever", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup", "index_searches",
             "speculation_steps", "accepted", "rollbacks", "pad_docs", "identical", "single_search_s"]
 
@@ -158,9 +215,18 @@ def main() -> int:
              f"at a time; stride {args.stride} tokens, documents cut to {args.doc_tokens} tokens, up to "
              f"{args.max_new_tokens} new tokens; EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + "
              f"random unit padding), ADR = HNSW and SR = bm25s over the pooled corpus (14,947 passages).")
+    identical &= all(r["identical"].split("/")[0] == r["identical"].split("/")[1] for r in knn_rows)
+    knn_flat = [r["speedup"] for r in knn_rows if r["datastore"] == "flat" and r["method"] != "KNN-LM"]
     last = (f"edr_speedup={speedup('edr')} adr_speedup={speedup('adr')} sr_speedup={speedup('sr')} "
-            f"knnlm_edr_speedup=na identical={'true' if identical else 'false'}")
-    publish(args.results, "RaLMSpec benchmark", setup, "\n".join(["", *markdown_table(rows, cols)]), last)
+            f"knnlm_edr_speedup={max(knn_flat):.2f} " if knn_flat else
+            f"edr_speedup={speedup('edr')} adr_speedup={speedup('adr')} sr_speedup={speedup('sr')} "
+            f"knnlm_edr_speedup=na ") + f"identical={'true' if identical else 'false'}"
+    report = ["", *markdown_table(rows, cols)]
+    if knn_rows:
+        report += ["", "KNN-LM (token-level), same questions, one request at a time:", "",
+                   *markdown_table(knn_rows, ["datastore", "k", "method", "mean_latency_s", "generation_s",
+                                              "retrieval_s", "speedup", "accepted", "rollbacks", "identical"])]
+    publish(args.results, "RaLMSpec benchmark", setup, "\n".join(report), last)
     return 0
 
 

@@ -8,6 +8,7 @@ entry's successors are the contexts that followed it, and indexed (exact and HNS
 from __future__ import annotations
 
 import glob
+import shutil
 import time
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     files = expand_inputs(corpus)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in glob.glob(str(out / "entries" / "*")) + glob.glob(str(out / "dead_letters*")):
+    shutil.rmtree(out / "entries", ignore_errors=True)  # also a killed run's beam-temp folders
+    for stale in glob.glob(str(out / "dead_letters*")):
         Path(stale).unlink()
     started = time.time()
     with beam.Pipeline(options=PipelineOptions(list(beam_args))) as p:

@@ -47,29 +47,27 @@ def demo_index(demo_tables, tmp_path_factory) -> Path:
     return index
 
 
+def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str]) -> Path:
+    from specrag.pipelines.build_index import run_build_index
+    index = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
+    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), kinds, beam_args=BEAM_ARGS)
+    return index
+
+
 @pytest.fixture(scope="session")
 def pooled_bm25(imported, tmp_path_factory) -> Path:
-    from specrag.pipelines.build_index import run_build_index
-    index = tmp_path_factory.mktemp("pooled_bm25")
-    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["bm25"], beam_args=BEAM_ARGS)
-    return index
+    return _pooled_index(imported, tmp_path_factory, ["bm25"])
 
 
 @pytest.fixture(scope="session")
 def pooled_dense(imported, tmp_path_factory) -> Path:
     """Flat, HNSW and IVF indexes of the pooled corpus (embedding it takes ~10 minutes)."""
-    from specrag.pipelines.build_index import run_build_index
-    index = tmp_path_factory.mktemp("pooled_dense")
-    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["dense", "hnsw", "ivf"], beam_args=BEAM_ARGS)
-    return index
+    return _pooled_index(imported, tmp_path_factory, ["dense", "hnsw", "ivf"])
 
 
 @pytest.fixture(scope="session")
 def pooled_lucene_index(imported, tmp_path_factory) -> Path:
-    from specrag.pipelines.build_index import run_build_index
-    index = tmp_path_factory.mktemp("pooled_lucene")
-    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), ["lucene"], beam_args=BEAM_ARGS)
-    return index
+    return _pooled_index(imported, tmp_path_factory, ["lucene"])
 
 
 @pytest.fixture(scope="session")
