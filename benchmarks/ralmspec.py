@@ -156,21 +156,22 @@ def main() -> int:
     if not (data / "pooled_corpus.parquet").exists():
         import_datasets(Path(args.data_dir), SHARED_SETS, data, pool=True)
     kinds = args.retrievers.split(",")
-    need = (["bm25"] if "sr" in kinds else []) + (["dense", "hnsw"] if {"edr", "adr"} & set(kinds) else [])
-    index = work / ("index-" + "-".join(need))
-    if not (index / "manifest.json").exists():
-        run_build_index(str(data / "pooled_corpus.parquet"), str(index), need)
+    def index_of(name: str, index_kinds: list[str]) -> Path:
+        folder = work / f"index-{name}"
+        if not (folder / "manifest.json").exists():
+            run_build_index(str(data / "pooled_corpus.parquet"), str(folder), index_kinds)
+        return folder
     embedder = LocalBackend(LocalModelConfig("all-minilm-l6-v2", num_threads=args.threads))
     retrievers = {}
     if "edr" in kinds:
         padded = work / f"edr-{args.edr_vectors}"
         if not (padded / "manifest.json").exists():
-            padded_flat_index(index, padded, args.edr_vectors)
+            padded_flat_index(index_of("dense", ["dense", "hnsw"]), padded, args.edr_vectors)
         retrievers["edr"] = open_retriever(padded, "dense", embedder.embed)
     if "adr" in kinds:
-        retrievers["adr"] = open_retriever(index, "hnsw", embedder.embed)
+        retrievers["adr"] = open_retriever(index_of("dense", ["dense", "hnsw"]), "hnsw", embedder.embed)
     if "sr" in kinds:
-        retrievers["sr"] = open_retriever(index, "bm25")
+        retrievers["sr"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
     queries = [validate_query(r) for r in pq.read_table(data / "nq" / "queries.parquet").to_pylist()][:args.questions]
     generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype))
     settings = dict(stride=args.stride, max_new_tokens=args.max_new_tokens, doc_max_tokens=args.doc_tokens)
