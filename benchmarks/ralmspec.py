@@ -131,6 +131,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--retrievers", default="edr,adr,sr")
+    ap.add_argument("--dataset", default="nq", help="nq (short answers) or asqa (long-form: outputs run long)")
     ap.add_argument("--knnlm-k", default="1,16,256", help="empty: skip the KNN-LM part")
     ap.add_argument("--knnlm-entries", type=int, default=1_000_000)
     ap.add_argument("--knnlm-questions", type=int, default=10)
@@ -172,7 +173,8 @@ def main() -> int:
         retrievers["adr"] = open_retriever(index_of("dense", ["dense", "hnsw"]), "hnsw", embedder.embed)
     if "sr" in kinds:
         retrievers["sr"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
-    queries = [validate_query(r) for r in pq.read_table(data / "nq" / "queries.parquet").to_pylist()][:args.questions]
+    queries = [validate_query(r) for r in
+               pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
     generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype))
     settings = dict(stride=args.stride, max_new_tokens=args.max_new_tokens, doc_max_tokens=args.doc_tokens)
 
@@ -212,7 +214,7 @@ def main() -> int:
     def speedup(kind):
         return next((f"{r['speedup']:.2f}" for r in rows if r["retriever"] == kind and r["method"] == "RaLMSpec+PSA"),
                     "na")
-    setup = (f"{machine_line(args.threads)}, generator dtype {args.dtype}; {len(queries)} NQ questions served one "
+    setup = (f"{machine_line(args.threads)}, generator dtype {args.dtype}; {len(queries)} {args.dataset} questions served one "
              f"at a time; stride {args.stride} tokens, documents cut to {args.doc_tokens} tokens, up to "
              f"{args.max_new_tokens} new tokens; EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + "
              f"random unit padding), ADR = HNSW and SR = bm25s over the pooled corpus (14,947 passages).")

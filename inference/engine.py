@@ -177,6 +177,27 @@ class Context:
     def detokenize(self, ids: Sequence[int], model: str = "generator") -> str:
         return self._engine.model(model).detokenize([list(ids)])[0]
 
+    async def retrieve_many(self, queries: Sequence[str], k: int, stage: str = "retrieve") -> list[list[Any]]:
+        """Several queries as one batched retrieval (a verification): its wall time counts once."""
+        start = time.perf_counter()
+        batcher = self._engine.batcher("search", "retriever", k)
+        results = await asyncio.gather(*(batcher.submit_timed(q) for q in queries))
+        self.trace.count("retrieval_calls", len(queries))
+        self._account("retrieval_s", start, min((w for _, w, _ in results), default=0.0))
+        for q, (hits, _, _) in zip(queries, results):
+            self.trace.retrieved.append({"stage": stage, "query": q, "doc_ids": [h.doc_id for h in hits],
+                                         "scores": [float(h.score) for h in hits]})
+        return [hits for hits, _, _ in results]
+
+    async def knn_many(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Several token-level searches as one batch (a KNN-LM verification), timed once."""
+        start = time.perf_counter()
+        batcher = self._engine.batcher("knn", "datastore", k)
+        results = await asyncio.gather(*(batcher.submit_timed(v) for v in vectors))
+        self.trace.count("retrieval_calls", len(vectors))
+        self._account("retrieval_s", start, min((w for _, w, _ in results), default=0.0))
+        return [r for r, _, _ in results]
+
     def _account(self, bucket: str, start: float, waited: float) -> None:
         elapsed = time.perf_counter() - start
         self.trace.add_time(bucket, elapsed - waited)

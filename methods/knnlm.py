@@ -14,7 +14,6 @@ used for KNN-LM (as in the paper).
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
@@ -151,7 +150,7 @@ class KNNLMSpecLoop:
                 stats["speculation_steps"] += 1
                 scheduler.record_step(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            truths = await asyncio.gather(*(ctx.knn(g.state.hidden, cfg.k) for g in guesses))
+            truths = await ctx.knn_many([g.state.hidden for g in guesses], cfg.k)
             true_tokens = [steps.token(g.state, i, d) for g, (i, d) in zip(guesses, truths)]
             matched = next((j for j, (g, t) in enumerate(zip(guesses, true_tokens)) if g.token != t), len(guesses))
             scheduler.record_verification(time.perf_counter() - t0, len(guesses), matched)

@@ -55,6 +55,14 @@ class RaLMSteps:
             raise ValueError(f"the index returned no document for {query!r}")
         return hits
 
+    async def search_many(self, queries: list[str]) -> list[list[Hit]]:
+        """A verification: the queries of a round as one batched index retrieval."""
+        results = await self.ctx.retrieve_many(queries, self.config.search_k, stage=self.stage)
+        for q, hits in zip(queries, results):
+            if not hits:
+                raise ValueError(f"the index returned no document for {q!r}")
+        return results
+
     def chunk(self, hit: Hit) -> Hit:
         """The document cut to ``doc_max_tokens`` tokens of the generator (once per document)."""
         if hit.doc_id not in self._chunks:
