@@ -11,8 +11,10 @@ Layout::
       keys.npy        float32 [entries, hidden]     values.npy  int64 [entries]
       flat.faiss      exact L2                      hnsw.faiss  approximate L2 (M=32)
 
-Search results are re-ranked by the canonical per-pair squared L2 (``distances``), so they
-do not depend on which FAISS code path a batch took, and a cache ranks exactly alike.
+Search fetches k+8 candidates (FAISS, or one blocked scan for a batch of 3+ flat queries —
+retrieval/flat_scan.py) and re-ranks them by the canonical per-pair squared L2
+(``distances``): results do not depend on the search path or the batch, and a cache ranks
+exactly alike.
 """
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ from typing import Sequence
 
 import numpy as np
 
+from specrag.retrieval.flat_scan import BATCH_FROM, top_k_candidates
+
 KINDS = ("flat", "hnsw")
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 200, 128
+CANDIDATE_MARGIN = 8
 
 
 def write_datastore(keys: np.ndarray, values: np.ndarray, out: Path, model: str, kinds: Sequence[str] = KINDS,
@@ -76,6 +81,7 @@ class Datastore:
         if kind == "hnsw":
             self.index.hnsw.efSearch = HNSW_EF_SEARCH
         faiss.cvar.distance_compute_blas_threshold = 5  # batched search: one BLAS pass (see dense.py)
+        self._norms: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.values)
@@ -95,14 +101,23 @@ class Datastore:
             return []
         q = np.ascontiguousarray(np.stack([np.asarray(v, dtype=np.float32) for v in vectors]))
         k = min(k, len(self))
-        _, ids = self.index.search(q, k)
+        wanted = min(k + CANDIDATE_MARGIN, len(self))  # spare candidates, re-ranked canonically
+        if self.kind == "flat" and len(q) >= BATCH_FROM:
+            ids = top_k_candidates(self.keys, q, wanted, "l2", self._row_norms())
+        else:
+            _, ids = self.index.search(q, wanted)
         out = []
         for qv, row in zip(q, ids):
             row = row[row >= 0]
             dist = self.distances(qv, row)
-            order = np.lexsort((row, dist))
+            order = np.lexsort((row, dist))[:k]
             out.append((row[order].astype(np.int64), dist[order]))
         return out
+
+    def _row_norms(self) -> np.ndarray:
+        if self._norms is None:
+            self._norms = np.einsum("ij,ij->i", self.keys, self.keys, dtype=np.float32)
+        return self._norms
 
     def nearest_among(self, vector: np.ndarray, ids: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest of the given entries (a speculation cache), ranked as ``search`` ranks."""

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specrag.retrieval.base import DocStore, Hit
+from specrag.retrieval.flat_scan import BATCH_FROM, top_k_candidates
 
 
 VECTORS = "vectors.npy"  # the embedding matrix in document-store row order, shared by the kinds
@@ -79,6 +80,7 @@ def _maybe_gpu(index):
 
 
 FLAT_BLAS_FROM = 5
+CANDIDATE_MARGIN = 8  # candidates beyond k, re-scored canonically: rankings independent of the search path
 
 
 def _pair_score(vector: np.ndarray, query: np.ndarray) -> float:
@@ -112,6 +114,8 @@ class DenseRetriever:
             raise ValueError(f"dense index has {offset} vectors for {len(store)} passages")
         self.vectors = np.load(vectors or index_dir.parent / VECTORS, mmap_mode="r")
         self.embed = embed
+        self.exact = all(isinstance(faiss.downcast_index(i), faiss.IndexFlat) for _, i in self.shards)
+        self.on_gpu = any("Gpu" in type(i).__name__ for _, i in self.shards)
 
     def _embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         """Each query alone: a padded batch would change a query's vector in the last bits,
@@ -127,12 +131,15 @@ class DenseRetriever:
         if not queries:
             return []
         q = self._embed_queries(queries)
-        parts = []
-        for offset, index in self.shards:
-            scores, rows = index.search(q, min(k, index.ntotal))
-            parts.append((scores, np.where(rows >= 0, rows + offset, -1)))
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        rows = np.concatenate([p[1] for p in parts], axis=1)
+        wanted = min(k + CANDIDATE_MARGIN, len(self.store))  # spare candidates: see module doc
+        if self.exact and len(queries) >= BATCH_FROM and not self.on_gpu:
+            rows = top_k_candidates(self.vectors, q, wanted, "ip")
+        else:
+            parts = []
+            for offset, index in self.shards:
+                _, found = index.search(q, min(wanted, index.ntotal))
+                parts.append(np.where(found >= 0, found + offset, -1))
+            rows = np.concatenate(parts, axis=1)
         out = []
         for qv, rr in zip(q, rows):
             rr = np.array([r for r in rr if r >= 0], dtype=np.int64)
