@@ -7,6 +7,8 @@ exact dot product, and ``score`` computes the same for any document. On a machin
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -80,6 +82,7 @@ def _maybe_gpu(index):
 
 
 FLAT_BLAS_FROM = 5
+RECENT_QUERIES = 4096  # query vectors kept (LRU)
 CANDIDATE_MARGIN = 8  # candidates beyond k, re-scored canonically: rankings independent of the search path
 
 
@@ -114,14 +117,30 @@ class DenseRetriever:
             raise ValueError(f"dense index has {offset} vectors for {len(store)} passages")
         self.vectors = np.load(vectors or index_dir.parent / VECTORS, mmap_mode="r")
         self.embed = embed
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._recent_lock = threading.Lock()
         self.exact = all(isinstance(faiss.downcast_index(i), faiss.IndexFlat) for _, i in self.shards)
         self.on_gpu = any("Gpu" in type(i).__name__ for _, i in self.shards)
 
     def _embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         """Each query alone: a padded batch would change a query's vector in the last bits,
-        and with it near-tie rankings (RaLMSpec must rank exactly as its baseline)."""
-        return np.ascontiguousarray(np.stack([np.asarray(self.embed([q]), dtype=np.float32)[0]
-                                              for q in queries]), dtype=np.float32)
+        and with it near-tie rankings (RaLMSpec must rank exactly as its baseline). Recent
+        vectors are kept: a speculation cache scores a query that its verification then
+        searches, and the second embedding would cost more than an HNSW search."""
+        out = []
+        for q in queries:
+            with self._recent_lock:
+                vec = self._recent.get(q)
+                if vec is not None:
+                    self._recent.move_to_end(q)
+            if vec is None:
+                vec = np.asarray(self.embed([q]), dtype=np.float32)[0]
+                with self._recent_lock:
+                    self._recent[q] = vec
+                    if len(self._recent) > RECENT_QUERIES:
+                        self._recent.popitem(last=False)
+            out.append(vec)
+        return np.ascontiguousarray(np.stack(out), dtype=np.float32)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """FAISS finds the candidates; their scores are then recomputed pair by pair (``score``'s
