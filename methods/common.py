@@ -51,3 +51,9 @@ class Generate:
                                   max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]])
         out = await ctx.generate(request)
         return finalise_answer(item, out.text)
+
+
+def finalise_tokens(item: QueryState, ctx, out: list[int], **details) -> QueryState:
+    """Iterative methods that build their answer as token ids: record them, decode, finalise."""
+    item.trace.details.update({"output_ids": list(out), **details})
+    return finalise_answer(item, ctx.detokenize(out))

@@ -21,7 +21,7 @@ import numpy as np
 
 from specrag.inference.types import NextToken, NextTokenRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
-from specrag.methods.common import finalise_answer
+from specrag.methods.common import finalise_tokens
 from specrag.methods.os3 import StrideScheduler
 from specrag.methods.prompts import build_prompt
 from specrag.retrieval.speculation import SpeculationCache
@@ -93,8 +93,7 @@ class _TokenSteps:
         return len(out) >= self.config.max_new_tokens
 
     def finalise(self, out: list[int], **details) -> QueryState:
-        self.item.trace.details.update({"output_ids": list(out), **details})
-        return finalise_answer(self.item, self.ctx.detokenize(out))
+        return finalise_tokens(self.item, self.ctx, out, **details)
 
 
 @dataclass

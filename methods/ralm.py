@@ -18,7 +18,7 @@ from typing import Any
 
 from specrag.inference.types import GenerateRequest, Generation
 from specrag.methods.base import Method, MethodConfig, QueryState
-from specrag.methods.common import finalise_answer
+from specrag.methods.common import finalise_tokens
 from specrag.methods.prompts import build_prompt
 from specrag.retrieval.base import Hit
 
@@ -82,9 +82,8 @@ class RaLMSteps:
     def finished(self, gen: Generation, out: list[int]) -> bool:
         return gen.finish_reason == "stop" or len(out) >= self.config.max_new_tokens
 
-    def finalise(self, out: list[int], **details: Any) -> QueryState:
-        self.item.trace.details.update({"output_ids": list(out), **details})
-        return finalise_answer(self.item, self.ctx.detokenize(out))
+    def finalise(self, out: list[int], **details) -> QueryState:
+        return finalise_tokens(self.item, self.ctx, out, **details)
 
 
 @dataclass

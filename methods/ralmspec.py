@@ -112,12 +112,11 @@ class RaLMSpecLoop:
                 if extra is not None:
                     extra.cancel()
                 raise
-            scheduler.record_verification(time.perf_counter() - verify_start, len(round_),
-                                          _matched(round_, truths))
+            matched = _matched(round_, truths)
+            scheduler.record_verification(time.perf_counter() - verify_start, len(round_), matched)
             stats["verifications"] += 1
             for hits in truths:
                 remember(hits)
-            matched = _matched(round_, truths)
             item.trace.count("speculation_accepted", matched)
             docs.extend(s.doc.doc_id for s in round_[:matched])
             if matched == len(round_):

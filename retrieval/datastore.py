@@ -80,7 +80,6 @@ class Datastore:
         self.index = faiss.read_index(str(path / f"{kind}.faiss"))
         if kind == "hnsw":
             self.index.hnsw.efSearch = HNSW_EF_SEARCH
-        faiss.cvar.distance_compute_blas_threshold = 5  # batched search: one BLAS pass (see dense.py)
         self._norms: np.ndarray | None = None
 
     def __len__(self) -> int:

@@ -81,7 +81,6 @@ def _maybe_gpu(index):
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
 
 
-FLAT_BLAS_FROM = 5
 RECENT_QUERIES = 4096  # query vectors kept (LRU)
 CANDIDATE_MARGIN = 8  # candidates beyond k, re-scored canonically: rankings independent of the search path
 
@@ -99,11 +98,6 @@ class DenseRetriever:
     def __init__(self, index_dir: Path, store: DocStore, embed: Callable[[list[str]], np.ndarray],
                  vectors: Path | None = None):
         import faiss
-        # Flat search of nq queries: FAISS scans the vectors once per query unless nq reaches
-        # this threshold, then one BLAS pass serves all (measured here, 400k x 384, 1 thread:
-        # 43 ms x nq per-query vs ~170 ms flat for 1-16 queries). From 5 queries on, the BLAS
-        # pass wins: batched retrieval (RaLMSpec's verification, engine batches) gets cheaper.
-        faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_FROM
         self.store = store
         files = sorted(index_dir.glob("shard-*.faiss"))
         if not files:
