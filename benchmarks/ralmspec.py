@@ -90,7 +90,7 @@ def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
         import pyarrow.parquet as pq
         pooled = pq.read_table(data / "pooled_corpus.parquet").sort_by("id")
         subset = work / f"datastore-corpus-{args.knnlm_entries}.parquet"
-        pq.write_table(pooled.slice(0, min(pooled.num_rows, args.knnlm_entries // 80 + 1)), subset)
+        pq.write_table(pooled.slice(0, min(pooled.num_rows, args.knnlm_entries // 95 + 1)), subset)
         run_build_datastore(str(subset), str(ds), max_entries=args.knnlm_entries,
                             dtype=args.dtype, num_threads=args.threads,
                             beam_args=("--runner=FnApiRunner", "--direct_num_workers=2",

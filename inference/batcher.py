@@ -77,7 +77,17 @@ class MicroBatcher:
             if len(results) != len(requests):
                 raise RuntimeError(f"{self.name}: backend returned {len(results)} results "
                                    f"for {len(requests)} requests")
-        except BaseException as e:  # every waiter learns of the failure
+        except Exception as e:
+            if len(batch) == 1:
+                if not batch[0][1].done():
+                    batch[0][1].set_exception(e)
+                return
+            # one bad request (e.g. a prompt over the model's limit) must not fail the
+            # others: retry them one by one so each gets its own result or error
+            for item in batch:
+                await self._run([item])
+            return
+        except BaseException as e:  # cancelled / interrupted: every waiter learns of it
             for _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(e)

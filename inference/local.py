@@ -259,11 +259,15 @@ class LocalCausalLM:
         rows, spans = [], []
         for r in requests:
             p = self.prompt_ids(r.prompt, chat=False)
-            c = self.tokenizer(r.continuation, add_special_tokens=False)["input_ids"]
+            pieces = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in r.segments or (r.continuation,)]
+            c = [i for piece in pieces for i in piece]
             if not c:
                 raise ValueError("score: empty continuation")
+            if len(p) + len(c) > self.config.max_prompt_tokens:
+                raise ValueError(f"score: prompt + continuation have {len(p) + len(c)} tokens, over "
+                                 f"max_prompt_tokens={self.config.max_prompt_tokens} of {self.name}")
             rows.append(p + c)
-            spans.append((len(p), len(c)))
+            spans.append((len(p), len(c), [len(piece) for piece in pieces] if r.segments else []))
         ids, mask = _left_pad(rows, self.pad_id, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
@@ -271,12 +275,12 @@ class LocalCausalLM:
             logp = torch.log_softmax(logits.float(), dim=-1)
         out = []
         width = ids.shape[1]
-        for b, (plen, clen) in enumerate(spans):
+        for b, (plen, clen, seg_lens) in enumerate(spans):
             start = width - clen  # continuation occupies the last clen positions (left padding)
             target = ids[b, start:]
             lp = logp[b, start - 1: width - 1].gather(-1, target.unsqueeze(-1)).squeeze(-1)
             out.append(Scored([float(x) for x in lp.tolist()], plen,
-                              self.tokenizer.convert_ids_to_tokens(target.tolist())))
+                              self.tokenizer.convert_ids_to_tokens(target.tolist()), seg_lens))
         return out
 
 

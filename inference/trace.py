@@ -38,6 +38,8 @@ class Trace:
         self.timings["total_s"] = max(self.timings.get("total_s", 0.0), other.timings.get("total_s", 0.0))
         self.retrieved.extend(r for r in other.retrieved if r not in self.retrieved)
         self.drafts.extend(other.drafts)
+        for k, v in other.details.items():  # pre-fork details live in part 0, merged first
+            self.details.setdefault(k, v)
 
     def to_record(self) -> dict[str, Any]:
         return {

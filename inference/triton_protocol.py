@@ -31,9 +31,9 @@ OPS: dict[str, OpSpec] = {
         outputs=(("TEXT", "BYTES"), ("TOKEN_IDS", "INT64"), ("TOKEN_LOGPROBS", "FP32"),
                  ("NUM_TOKENS", "INT32"), ("PROMPT_TOKENS", "INT32"), ("FINISH_REASON", "BYTES"))),
     "score": OpSpec(
-        inputs=(("PROMPT", "BYTES"), ("CONTINUATION", "BYTES")),
+        inputs=(("PROMPT", "BYTES"), ("CONTINUATION", "BYTES"), ("SEGMENTS", "BYTES")),
         outputs=(("TOKEN_LOGPROBS", "FP32"), ("TOKENS", "BYTES"), ("NUM_TOKENS", "INT32"),
-                 ("PROMPT_TOKENS", "INT32"))),
+                 ("PROMPT_TOKENS", "INT32"), ("SEGMENT_LENGTHS", "BYTES"))),
     "embed": OpSpec(inputs=(("TEXT", "BYTES"),), outputs=(("EMBEDDING", "FP32"),)),
 }
 
@@ -82,7 +82,8 @@ def encode_requests(op: str, requests: list) -> dict[str, np.ndarray]:
                 "BATCH_INVARIANT": _column([r.batch_invariant for r in requests], "BOOL")}
     if op == "score":
         return {"PROMPT": _column([r.prompt for r in requests], "BYTES"),
-                "CONTINUATION": _column([r.continuation for r in requests], "BYTES")}
+                "CONTINUATION": _column([r.continuation for r in requests], "BYTES"),
+                "SEGMENTS": _column([json.dumps(list(r.segments)) for r in requests], "BYTES")}
     if op == "embed":
         return {"TEXT": _column(list(requests), "BYTES")}
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
@@ -102,8 +103,8 @@ def decode_requests(op: str, tensors: dict[str, np.ndarray]) -> list:
                                 continuation_ids=tuple(json.loads(_text(tensors["CONTINUATION_IDS"][i][0]))),
                                 batch_invariant=bool(tensors["BATCH_INVARIANT"][i][0])) for i in range(rows)]
     if op == "score":
-        return [ScoreRequest(_text(p[0]), _text(c[0]))
-                for p, c in zip(tensors["PROMPT"], tensors["CONTINUATION"])]
+        return [ScoreRequest(_text(p[0]), _text(c[0]), tuple(json.loads(_text(s[0]))))
+                for p, c, s in zip(tensors["PROMPT"], tensors["CONTINUATION"], tensors["SEGMENTS"])]
     if op == "embed":
         return [_text(t[0]) for t in tensors["TEXT"]]
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
@@ -122,7 +123,8 @@ def encode_results(op: str, results) -> dict[str, np.ndarray]:
         lps, n = _padded([s.token_logprobs for s in results], np.float32, 0.0)
         toks, _ = _padded([[t.encode("utf-8") for t in s.tokens] for s in results], np.object_, b"")
         return {"TOKEN_LOGPROBS": lps, "TOKENS": toks, "NUM_TOKENS": n,
-                "PROMPT_TOKENS": _column([s.prompt_tokens for s in results], "INT32")}
+                "PROMPT_TOKENS": _column([s.prompt_tokens for s in results], "INT32"),
+                "SEGMENT_LENGTHS": _column([json.dumps(s.segment_lengths) for s in results], "BYTES")}
     if op == "embed":
         return {"EMBEDDING": np.asarray(results, dtype=np.float32)}
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
@@ -146,7 +148,8 @@ def decode_results(op: str, tensors: dict[str, np.ndarray]) -> list:
             n = int(tensors["NUM_TOKENS"][i][0])
             out.append(Scored(token_logprobs=[float(x) for x in tensors["TOKEN_LOGPROBS"][i][:n]],
                               prompt_tokens=int(tensors["PROMPT_TOKENS"][i][0]),
-                              tokens=[_text(t) for t in tensors["TOKENS"][i][:n]]))
+                              tokens=[_text(t) for t in tensors["TOKENS"][i][:n]],
+                              segment_lengths=json.loads(_text(tensors["SEGMENT_LENGTHS"][i][0]))))
         return out
     if op == "embed":
         return list(np.asarray(tensors["EMBEDDING"], dtype=np.float32))

@@ -1,6 +1,7 @@
 """Request and result types of the inference operations, shared by every backend."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,10 +37,24 @@ class Generation:
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """Teacher-forced log-probabilities of ``continuation`` after ``prompt``."""
+    """Teacher-forced log-probabilities of ``continuation`` after ``prompt``.
+
+    ``segments`` (optional) split the continuation into parts tokenised one by one, so a
+    score over several parts in one forward pass (Speculative RAG: draft, reflection
+    statement, "Yes") knows exactly which tokens are whose: ``Scored.segment_lengths``.
+    """
 
     prompt: str
     continuation: str
+    segments: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.segments and "".join(self.segments) != self.continuation:
+            raise ValueError("ScoreRequest: the segments must join to the continuation")
+
+    @classmethod
+    def of_segments(cls, prompt: str, segments: tuple[str, ...] | list[str]) -> "ScoreRequest":
+        return cls(prompt, "".join(segments), tuple(segments))
 
 
 @dataclass
@@ -47,10 +62,18 @@ class Scored:
     token_logprobs: list[float]
     prompt_tokens: int
     tokens: list[str] = field(default_factory=list)
+    segment_lengths: list[int] = field(default_factory=list)  # tokens per request segment
 
     @property
     def total(self) -> float:
         return float(sum(self.token_logprobs))
+
+    def segment_totals(self) -> list[float]:
+        """Summed log-probability of each segment (log space: no underflow on long texts)."""
+        if sum(self.segment_lengths) != len(self.token_logprobs):
+            raise ValueError("Scored: no segment lengths for these logprobs (request had no segments?)")
+        bounds = [0, *itertools.accumulate(self.segment_lengths)]
+        return [float(sum(self.token_logprobs[a:b])) for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass(frozen=True)

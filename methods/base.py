@@ -96,6 +96,7 @@ REGISTRY: dict[str, str] = {
     "ralmspec": "specrag.methods.ralmspec:RaLMSpec",
     "knnlm": "specrag.methods.knnlm:KNNLM",
     "knnlm-spec": "specrag.methods.knnlm:KNNLMSpec",
+    "speculative-rag": "specrag.methods.speculative_rag:SpeculativeRAG",
 }
 
 

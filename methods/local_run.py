@@ -20,7 +20,12 @@ def run_method(engine: Any, method: Method, queries: list[dict]) -> tuple[list[Q
             by_id: dict[str, list[QueryState]] = defaultdict(list)
             for s in states:
                 by_id[s.id].append(s)
-            states = [merge_parts(parts) for parts in by_id.values()]
+            states = []
+            for qid, parts in by_id.items():
+                try:
+                    states.append(merge_parts(parts))
+                except ValueError as e:  # a part failed earlier: the query fails here, once
+                    failures.append({"id": qid, "stage": stage.name, "error": repr(e)})
         outcomes = engine.run_stage(stage, states)
         next_states = []
         for state, outcome in zip(states, outcomes):

@@ -65,6 +65,12 @@ DRAFT = pa.struct([
     pa.field("text", pa.string()),
     pa.field("score", pa.float64()),
     pa.field("doc_ids", pa.list_(pa.string())),
+    pa.field("answer", pa.string()),
+    pa.field("rationale", pa.string()),
+    pa.field("parsed", pa.string()),  # ok | no_rationale | empty
+    pa.field("rho_draft", pa.float64()),  # log-scores of Speculative RAG's verification
+    pa.field("rho_sc", pa.float64()),
+    pa.field("rho_sr", pa.float64()),
 ])
 
 TRACE = pa.struct([

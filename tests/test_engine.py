@@ -64,6 +64,20 @@ def test_failure_and_timeout_stay_with_their_query(generator):
     engine.close()
 
 
+def test_a_request_the_model_rejects_fails_only_its_query(generator):
+    """A prompt over the model's limit makes the batched call raise; the batch is retried
+    row by row so the other queries of that batch still get their answers."""
+    counting = CountingBackend(generator)
+    engine = Engine(Services(models={"generator": counting}), EngineConfig(max_batch=4, max_wait_s=0.05))
+    too_long = "why " * 5000
+    outcomes = engine.run_stage(Ask(), [S(PROMPTS[0], Trace()), S(too_long, Trace()), S(PROMPTS[1], Trace())])
+    assert "over max_prompt_tokens" in str(outcomes[1].error)
+    direct = generator.generate([GenerateRequest(p, max_new_tokens=6) for p in PROMPTS[:2]])
+    assert [outcomes[0].outputs[0].out, outcomes[2].outputs[0].out] == [d.text for d in direct]
+    assert counting.batches == [3, 1, 1, 1]  # the failed batch, then each row alone
+    engine.close()
+
+
 def test_missing_role_is_a_clear_error():
     engine = Engine(Services(), EngineConfig())
     outcome = engine.run_stage(Ask(), [S("x", Trace())])[0]

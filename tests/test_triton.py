@@ -77,12 +77,12 @@ def test_protocol_round_trips_every_operation():
                             seed=11, chat=False, continuation_ids=(5, 9), batch_invariant=True),
             GenerateRequest("plain")]
     assert decode_requests("generate", encode_requests("generate", gens)) == gens
-    scores = [ScoreRequest("p", " c ✓"), ScoreRequest("", "x")]
+    scores = [ScoreRequest("p", " c ✓"), ScoreRequest("", "x"), ScoreRequest.of_segments("q", (" a ✓", "\nb", " Yes"))]
     assert decode_requests("score", encode_requests("score", scores)) == scores
     assert decode_requests("embed", encode_requests("embed", ["a", "b ✓"])) == ["a", "b ✓"]
     out = [Generation("Paris ✓", [5, 6, 7], [-0.5, -1.25, -3.0], 12, "stop"), Generation("", [], [], 3, "length")]
     assert decode_results("generate", encode_results("generate", out)) == out
-    scored = [Scored([-0.25, -2.5], 4, ["▁a", "b"]), Scored([-1.0], 1, ["x"])]
+    scored = [Scored([-0.25, -2.5], 4, ["▁a", "b"]), Scored([-1.0], 1, ["x"]), Scored([-1.0, -2.0], 1, ["x", "y"], [1, 1])]
     assert decode_results("score", encode_results("score", scored)) == scored
     vecs = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     assert np.array_equal(np.stack(decode_results("embed", encode_results("embed", vecs))), vecs)
@@ -157,9 +157,10 @@ def test_greedy_generation_equals_local(triton_server, generator, demo_tables):
 def test_scores_and_embeddings_equal_local(triton_server, scorer, embedder, demo_tables):
     questions = _questions(demo_tables, 6)
     requests = [ScoreRequest(f"Question: {q}\nAnswer:", " I do not know.") for q in questions]
+    requests.append(ScoreRequest.of_segments("Question: Who?\nAnswer:", (" Ada.\nRationale: she did.", "\nSupported?", " Yes")))
     remote = _backend(triton_server, "gemma3-270m")
     for r, l in zip(remote.score(requests), scorer.score(requests)):
-        assert (r.tokens, r.prompt_tokens) == (l.tokens, l.prompt_tokens)
+        assert (r.tokens, r.prompt_tokens, r.segment_lengths) == (l.tokens, l.prompt_tokens, l.segment_lengths)
         np.testing.assert_allclose(r.token_logprobs, l.token_logprobs, atol=1e-4)
     assert remote.score(requests[:1]) == scorer.score(requests[:1])
     emb = _backend(triton_server, "all-minilm-l6-v2")

@@ -112,13 +112,18 @@ class GatherParts(beam.DoFn):
             collected = list(parts.read())
             parts.clear()
             emitted.write(1)
+            if self.timeout_s:  # a pending processing-time timer would keep a batch run from finishing
+                timeout.clear()
             try:
                 yield qid, merge_parts(collected)
             except ValueError as e:
                 yield beam.pvalue.TaggedOutput(DEAD, dead_letter(qid, self.stage, e, state_raw(state)))
 
     @on_timer(END_OF_WINDOW)
-    def on_end_of_window(self, key=beam.DoFn.KeyParam, parts=beam.DoFn.StateParam(PARTS)):
+    def on_end_of_window(self, key=beam.DoFn.KeyParam, parts=beam.DoFn.StateParam(PARTS),
+                         timeout=beam.DoFn.TimerParam(TIMEOUT)):
+        if self.timeout_s:
+            timeout.clear()
         yield from self._expire(key, parts, "input ended")
 
     @on_timer(TIMEOUT)

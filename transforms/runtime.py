@@ -19,16 +19,20 @@ from specrag.inference.triton import TritonConfig
 
 BACKENDS = ("local", "triton")
 # the operation each model role is called for (checked against a Triton server at start)
-ROLE_OPS = {"generator": ("generate",), "scorer": ("score",), "embedder": ("embed",)}
+ROLE_OPS = {"generator": ("generate",), "scorer": ("score",), "embedder": ("embed",),
+            "drafter": ("generate",), "verifier": ("score",)}
 RETRIEVER_KINDS = ("bm25", "lucene", "dense", "hnsw", "ivf")
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     backend: str = "local"
+    # Speculative RAG's drafter and verifier default to the paper's small-drafts-large-verifier split
     models: tuple[tuple[str, str], ...] = (("generator", "smollm2-135m-instruct"),
                                            ("scorer", "gemma3-270m"),
-                                           ("embedder", "all-minilm-l6-v2"))
+                                           ("embedder", "all-minilm-l6-v2"),
+                                           ("drafter", "smollm2-135m-instruct"),
+                                           ("verifier", "gemma3-270m"))
     index_dir: str | None = None
     retriever: str = "bm25"
     num_threads: int = 1
