@@ -86,12 +86,18 @@ class Datastore:
         return len(self.values)
 
     def distances(self, vector: np.ndarray, ids: Sequence[int]) -> np.ndarray:
-        """Canonical squared L2 between one query and given entries (float32, pair by pair)."""
-        q = np.asarray(vector, dtype=np.float32)
+        """Canonical squared L2 between one query and given entries (float32).
+
+        Every path (index search re-ranking, speculation cache) uses this one function, and
+        a row's value does not depend on the other rows (einsum reduces each row alone;
+        test_knnlm checks it), so the same entry gets the same distance everywhere."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(ids):
+            return np.zeros(0, dtype=np.float32)
+        order = np.argsort(ids, kind="stable")  # sorted gathers read the memory-mapped keys in order
+        diff = np.asarray(self.keys[ids[order]], dtype=np.float32) - np.asarray(vector, dtype=np.float32)
         out = np.empty(len(ids), dtype=np.float32)
-        for i, e in enumerate(ids):
-            diff = np.asarray(self.keys[e], dtype=np.float32) - q
-            out[i] = np.dot(diff, diff)
+        out[order] = np.einsum("ij,ij->i", diff, diff)
         return out
 
     def search(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:

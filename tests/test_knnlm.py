@@ -51,6 +51,14 @@ def test_datastore_holds_teacher_forced_states_in_corpus_order(datastore_dir, ge
     assert ids[0] == 5 and dists[0] == 0.0  # a stored context finds itself
     hnsw = Datastore(datastore_dir, "hnsw")
     assert hnsw.search([keys[5]], 4)[0][0][0] == 5
+    # a distance does not depend on which other entries are asked for with it, nor their order
+    rng = np.random.default_rng(0)
+    picked = rng.choice(len(store), 500, replace=False)
+    together = store.distances(keys[7], picked)
+    assert all(store.distances(keys[7], [e])[0] == d for e, d in zip(picked[:50], together[:50]))
+    assert np.array_equal(store.distances(keys[7], picked[::-1]), together[::-1])
+    ids, dists = store.nearest_among(keys[7], picked, 8)
+    assert np.array_equal(dists, np.sort(together)[:8])
 
 
 @pytest.fixture(scope="module")
