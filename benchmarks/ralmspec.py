@@ -10,7 +10,7 @@ RaLMSpec, +P, +S, +A, +PSA over three retrievers:
   vectors to ``--edr-vectors`` so one exact search costs about one generation step (the table
   says how often a padding row won; they score ~0.25 against queries, real passages 0.4-0.8);
 - ADR, approximate dense: HNSW over the pooled corpus;
-- SR, sparse: bm25s over the pooled corpus;
+- SR, sparse: bm25s over the pooled corpus (and ``lucene`` in --retrievers: Lucene BM25 via pyserini);
 and KNN-LM over a datastore of the pooled corpus (``--knnlm-entries``, Beam job) for each
 k in ``--knnlm-k``, exact (flat L2) and approximate (HNSW). Every RaLMSpec variant's output is compared with RaLMSeq's token for token. Writes
 benchmarks/results/ralmspec.md; the last line is
@@ -173,6 +173,8 @@ def main() -> int:
         retrievers["adr"] = open_retriever(index_of("dense", ["dense", "hnsw"]), "hnsw", embedder.embed)
     if "sr" in kinds:
         retrievers["sr"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
+    if "lucene" in kinds:  # the second sparse retriever (pyserini), same corpus
+        retrievers["lucene"] = open_retriever(index_of("lucene", ["lucene"]), "lucene")
     queries = [validate_query(r) for r in
                pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
     generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype))

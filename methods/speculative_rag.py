@@ -85,6 +85,17 @@ def combined_score(draft: dict, used: tuple[str, ...]) -> float:
     return float(sum(draft[f"rho_{name}"] for name in used))
 
 
+def choose_draft(drafts: list[dict], config: SpeculativeRAGConfig, query_id: str) -> dict:
+    """Set each draft's combined score and return the selected draft: the argmax (ties to
+    the lowest index) or, for the random-selection ablation, a seeded pick among parsable ones."""
+    for d in drafts:
+        d["score"] = combined_score(d, config.scores) if config.selection == "score" else None
+    if config.selection == "random":
+        pool = [d for d in drafts if d["parsed"] != "empty"] or drafts
+        return pool[int(np.random.default_rng(query_seed(config.seed + 1, query_id)).integers(len(pool)))]
+    return max(drafts, key=lambda d: (d["score"], -d["index"]))
+
+
 @dataclass
 class SampleSubsets:
     """Embed the retrieved documents, cluster them, fan out one element per subset."""
@@ -177,15 +188,7 @@ class Select:
     async def run(self, item: QueryState, ctx) -> QueryState:
         c = self.config
         drafts = [p.scratch["draft"] for p in item.scratch.pop("parts")]
-        usable = [d for d in drafts if d["parsed"] != "empty"]
-        for d in drafts:
-            d["score"] = combined_score(d, c.scores) if c.selection == "score" else None
-        if c.selection == "random":
-            rng = np.random.default_rng(query_seed(c.seed + 1, item.id))
-            pool = usable or drafts
-            chosen = pool[int(rng.integers(len(pool)))]
-        else:  # argmax, ties to the lowest draft index
-            chosen = max(drafts, key=lambda d: (d["score"], -d["index"]))
+        chosen = choose_draft(drafts, c, item.id)
         item.trace.drafts = [{"text": draft_text(d["answer"], d["rationale"]).strip(), "score": d["score"],
                               "doc_ids": d["doc_ids"], "answer": d["answer"], "rationale": d["rationale"],
                               "parsed": d["parsed"], "rho_draft": d["rho_draft"], "rho_sc": d["rho_sc"],

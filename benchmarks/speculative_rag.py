@@ -1,0 +1,171 @@
+"""Speculative RAG vs standard RAG and no retrieval: accuracy and latency per query (paper Tables 1, 3).
+
+Usage (from the repository root, after `make install`):
+
+    .venv/bin/python benchmarks/speculative_rag.py [--questions 200] [--dtype bfloat16]
+
+For each of PopQA, ARC-Challenge, PubHealth and HotpotQA (first ``--questions`` each), serves
+the questions one at a time (the paper's latency setting: no cross-query batching; the m
+drafts of a query are one batched call) with
+- ``no-retrieval`` and ``standard`` (top-10 BM25 documents in the prompt; generator SmolLM2),
+- ``speculative-rag`` (training-free: drafter SmolLM2-135M-Instruct, verifier Gemma-3-270M,
+  top-10, m=5 drafts of k=2 documents),
+- its ablations run for real: random subsets, all documents from one cluster, random
+  selection without verification;
+- and its score ablations (without ρ_draft, ρ_SC or ρ_SR): the drafts and the verifier's
+  scores do not depend on which scores are summed, so these re-select among the very drafts
+  and scores of the ``speculative-rag`` run (what the method does with ``scores=...``; the
+  test suite checks that) and their latency is that run's: the same calls are made.
+Accuracy: PopQA and HotpotQA "gold answer contained in the output" (the papers' accuracy;
+HotpotQA EM also listed), ARC-Challenge and PubHealth label accuracy. Retrieval: BM25 over the
+pooled corpus of the shared sets. Writes benchmarks/results/speculative_rag.md; the last line
+is `specrag_minus_standard_acc=<points averaged over datasets> latency_ratio=<specrag/standard>`.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+DATASETS = ("popqa", "arc_challenge", "pubhealth", "hotpotqa")
+HEADLINE = {"short_form": "contains", "multiple_choice": "accuracy", "claim_verification": "accuracy"}
+RUNS = [("no-retrieval", "no-retrieval", {}), ("standard", "standard", {}),
+        ("speculative-rag", "speculative-rag", {}),
+        ("specrag: random subsets", "speculative-rag", {"subset_mode": "random"}),
+        ("specrag: same cluster", "speculative-rag", {"subset_mode": "same_cluster"}),
+        ("specrag: random selection", "speculative-rag", {"selection": "random"})]
+RESELECTED = [("specrag: w/o rho_draft", ("sc", "sr")), ("specrag: w/o rho_SC", ("draft", "sr")),
+              ("specrag: w/o rho_SR", ("draft", "sc"))]
+
+
+def serve_one_by_one(engine, method, queries):
+    from specrag.methods.local_run import run_method
+    latencies, states = [], []
+    for q in queries:
+        start = time.perf_counter()
+        done, failures = run_method(engine, method, [q])
+        latencies.append(time.perf_counter() - start)
+        if failures:
+            raise SystemExit(f"{method.name}: {failures}")
+        states.extend(done)
+    return latencies, states
+
+
+def accuracy(state) -> tuple[float, float]:
+    """(headline metric, exact match or the headline again) of one answered query."""
+    from specrag.evaluation.metrics import score_row
+    q = state.query
+    scores = score_row(q["task_type"], state.answer, state.raw_output, state.choice, q)
+    return scores[HEADLINE[q["task_type"]]], scores.get("em", scores[HEADLINE[q["task_type"]]])
+
+
+def reselect(state, scores: tuple[str, ...], config):
+    """The answer the method gives with only ``scores`` summed, from the recorded drafts."""
+    import dataclasses
+    from specrag.methods.common import finalise_answer
+    from specrag.methods.speculative_rag import choose_draft
+    drafts = [dict(d, index=i) for i, d in enumerate(state.trace.drafts)]
+    chosen = choose_draft(drafts, dataclasses.replace(config, scores=scores), state.id)
+    clone = copy.deepcopy(state)
+    return finalise_answer(clone, chosen["answer"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--questions", type=int, default=200, help="per dataset")
+    ap.add_argument("--datasets", default=",".join(DATASETS))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "speculative_rag.md"))
+    args = ap.parse_args()
+
+    import pyarrow.parquet as pq
+    import torch
+    torch.set_num_threads(args.threads)
+    from specrag.importers import import_datasets
+    from specrag.inference import Engine, Services
+    from specrag.inference.local import LocalBackend, LocalModelConfig
+    from specrag.methods import create_method
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.retrieval import open_retriever
+    from specrag.schemas import validate_query
+    from workloads import SHARED_SETS, machine_line, markdown_table, publish
+
+    work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
+    data = work / "data"
+    if not (data / "pooled_corpus.parquet").exists():
+        import_datasets(Path(args.data_dir), SHARED_SETS, data, pool=True)
+    if not (work / "index" / "manifest.json").exists():
+        run_build_index(str(data / "pooled_corpus.parquet"), str(work / "index"), ["bm25"])
+    retriever = open_retriever(work / "index", "bm25")
+    load = lambda name: LocalBackend(LocalModelConfig(name, num_threads=args.threads,  # noqa: E731
+                                                      dtype=args.dtype if name != "all-minilm-l6-v2" else "float32"))
+    small, verifier, embedder = load("smollm2-135m-instruct"), load("gemma3-270m"), load("all-minilm-l6-v2")
+    services = Services(models={"generator": small, "drafter": small, "verifier": verifier, "embedder": embedder},
+                        retriever=retriever)
+
+    rows, by = [], {}
+    for ds in args.datasets.split(","):
+        queries = [validate_query(r) for r in pq.read_table(data / ds / "queries.parquet").to_pylist()][:args.questions]
+        for label, name, settings in RUNS:
+            method = create_method(name, **settings)
+            engine = Engine(services)
+            latencies, states = serve_one_by_one(engine, method, queries)
+            engine.close()
+            acc = [accuracy(s) for s in states]
+            by[(ds, label)] = (latencies, [a for a, _ in acc])
+            row = {"dataset": ds, "method": label, "accuracy": 100 * statistics.mean(a for a, _ in acc),
+                   "em": 100 * statistics.mean(e for _, e in acc), "mean_latency_s": statistics.mean(latencies),
+                   "median_latency_s": statistics.median(latencies),
+                   "prompt_tokens": statistics.mean(s.trace.counts["prompt_tokens"] for s in states),
+                   "generated_tokens": statistics.mean(s.trace.counts["generated_tokens"] for s in states)}
+            if name == "speculative-rag":
+                drafts = [d for s in states for d in s.trace.drafts]
+                row["drafts_with_rationale"] = f"{sum(d['parsed'] == 'ok' for d in drafts)}/{len(drafts)}"
+            rows.append(row)
+            print(f"  {ds} {label}: acc {row['accuracy']:.1f} latency {row['mean_latency_s']:.2f}s",
+                  file=sys.stderr, flush=True)
+            if label == "speculative-rag":
+                for re_label, scores in RESELECTED:
+                    re_acc = [accuracy(reselect(s, scores, method.config)) for s in states]
+                    by[(ds, re_label)] = (latencies, [a for a, _ in re_acc])
+                    rows.append({**row, "method": re_label, "accuracy": 100 * statistics.mean(a for a, _ in re_acc),
+                                 "em": 100 * statistics.mean(e for _, e in re_acc)})
+    datasets = args.datasets.split(",")
+    labels = [label for label, _, _ in RUNS] + [label for label, _ in RESELECTED]
+    summary = []
+    for label in labels:
+        acc = statistics.mean(statistics.mean(by[(ds, label)][1]) * 100 for ds in datasets)
+        lat = statistics.mean(x for ds in datasets for x in by[(ds, label)][0])
+        summary.append({"method": label, "mean_accuracy": acc, "mean_latency_s": lat})
+    std = next(r for r in summary if r["method"] == "standard")
+    for r in summary:
+        r["acc_minus_standard"] = r["mean_accuracy"] - std["mean_accuracy"]
+        r["latency_over_standard"] = r["mean_latency_s"] / std["mean_latency_s"]
+    spec = next(r for r in summary if r["method"] == "speculative-rag")
+    cols = ["dataset", "method", "accuracy", "em", "mean_latency_s", "median_latency_s", "prompt_tokens",
+            "generated_tokens"]
+    for r in rows:
+        r.setdefault("drafts_with_rationale", "")
+    report = ["", *markdown_table(rows, cols + ["drafts_with_rationale"]), "", "Averaged over the datasets:", "",
+              *markdown_table(summary, ["method", "mean_accuracy", "acc_minus_standard", "mean_latency_s",
+                                        "latency_over_standard"])]
+    setup = (f"{machine_line(args.threads)}, model dtype {args.dtype}; first {args.questions} questions of "
+             f"{', '.join(datasets)}; one query at a time; BM25 top-10 over the pooled corpus; accuracy in %.")
+    last = (f"specrag_minus_standard_acc={spec['mean_accuracy'] - std['mean_accuracy']:.2f} "
+            f"latency_ratio={spec['mean_latency_s'] / std['mean_latency_s']:.2f}")
+    publish(args.results, "Speculative RAG benchmark", setup, "\n".join(report), last)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
