@@ -97,6 +97,7 @@ REGISTRY: dict[str, str] = {
     "knnlm": "specrag.methods.knnlm:KNNLM",
     "knnlm-spec": "specrag.methods.knnlm:KNNLMSpec",
     "speculative-rag": "specrag.methods.speculative_rag:SpeculativeRAG",
+    "sps": "specrag.methods.sps:SPS",
 }
 
 

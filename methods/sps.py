@@ -1,0 +1,142 @@
+"""SPS, Staged Parallel Speculation (Algorithm 1): staged retrieval overlapped with chunked generation.
+
+The answer grows in chunks (50 tokens). Per stage: cluster the current documents into k
+groups, draw m subsets (one document per group; Speculative RAG's sampler), generate m
+candidate chunks in one batched call, embed the m candidate answers [C; c_j] and keep the one
+most similar to the others (argmax_j Σ_i cos U_ij). Retrieval for the next documents uses the
+question plus the whole answer so far and runs *while* the chunk is generated, so a chunk is
+written with documents one chunk stale (paper Fig. 1): chunks 1 and 2 use the question's
+documents, chunk i ≥ 3 those retrieved for [Q; C_1..C_{i-2}]. The loop is one stage (a loop is
+no Beam graph): each query is one keyed element, its stages a coroutine on the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrag.inference.types import GenerateRequest
+from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.common import Retrieve, finalise_tokens
+from specrag.methods.prompts import MAX_NEW_TOKENS, STOP, build_prompt
+from specrag.methods.subsets import SUBSET_MODES, query_seed, sample_subsets
+
+SELECTIONS = ("self_consistency", "random")
+
+
+@dataclass(frozen=True)
+class SPSConfig(MethodConfig):
+    top_k: int = 10  # documents per retrieval (ASQA: 5)
+    groups: int = 5  # k-means groups = documents per subset (ASQA: 3)
+    candidates: int = 5  # m candidate chunks per stage
+    chunk_tokens: int = 50
+    max_new_tokens: int | None = None  # None: the task type's default
+    staged_retrieval: bool = True  # ablation: False = static retrieval (question only)
+    selection: str = "self_consistency"  # ablation: random
+    subset_mode: str = "multi_perspective"  # ablation: random
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("top_k", "groups", "candidates", "chunk_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.groups > self.top_k:
+            raise ValueError(f"groups={self.groups} exceeds top_k={self.top_k}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if self.subset_mode not in ("multi_perspective", "random"):
+            raise ValueError(f"subset_mode must be multi_perspective or random (of {SUBSET_MODES}), "
+                             f"got {self.subset_mode!r}")
+
+
+def most_consistent(embeddings: np.ndarray) -> tuple[int, list[float]]:
+    """argmax_i Σ_j cos(e_i, e_j) (ties to the lowest index) and the row sums."""
+    e = np.asarray(embeddings, dtype=np.float64)
+    e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+    sums = (e @ e.T).sum(axis=1)
+    return int(np.argmax(sums)), [float(x) for x in sums]
+
+
+class StagedLoop:
+    """Algorithm 1 for one query: the retrieval for the next stage overlaps this stage's chunks."""
+
+    name = "StagedGenerate"
+
+    def __init__(self, config: SPSConfig):
+        self.config = config
+
+    async def run(self, item: QueryState, ctx) -> QueryState:
+        c, q = self.config, item.query
+        limit = c.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]]
+        rng = np.random.default_rng(query_seed(c.seed, item.id))
+        clock = time.perf_counter
+        t0 = clock()
+        docs = item.docs  # RET_0: the question's documents (Retrieve stage), for chunks 1 and 2
+        docs_query = q["question"]
+        answer: list[int] = []
+        stages: list[dict] = []
+        while True:
+            n = len(stages) + 1
+            record = {"stage": n, "doc_ids": [d.doc_id for d in docs], "docs_query": docs_query}
+            task, info = None, None
+            if c.staged_retrieval and answer:
+                # documents for stage n+1, from the whole answer so far, fetched while chunk n is written
+                info = {"query": f"{q['question']} {ctx.detokenize(answer)}", "for_stage": n + 1,
+                        "start": clock() - t0}
+                task = asyncio.create_task(self._retrieve(ctx, info, t0))
+            record["gen_start"] = clock() - t0
+            subsets, candidates = await self._candidates(item, ctx, docs, answer, min(c.chunk_tokens, limit - len(answer)),
+                                                         rng)
+            texts = [ctx.detokenize(answer + list(g.token_ids)) for g in candidates]
+            if c.selection == "random":
+                chosen, sims = int(rng.integers(len(candidates))), []
+            else:
+                chosen, sims = most_consistent(await ctx.embed(texts))
+            record["gen_end"] = clock() - t0
+            pick = candidates[chosen]
+            answer += list(pick.token_ids)
+            record.update(subsets=[[docs[i].doc_id for i in sub] for sub in subsets],
+                          candidates=[ctx.detokenize(g.token_ids) for g in candidates], similarity=sims,
+                          chosen=chosen, next_retrieval=info)
+            stages.append(record)
+            finished = pick.finish_reason == "stop" or len(answer) >= limit
+            if task is not None and finished:  # the answer is complete: that retrieval is not needed
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                info["cancelled"] = True
+            if finished:
+                break
+            if task is not None:
+                docs, docs_query = await task, info["query"]
+        return finalise_tokens(item, ctx, answer, stages=stages)
+
+    async def _retrieve(self, ctx, info: dict, t0: float):
+        hits = await ctx.retrieve(info["query"], self.config.top_k, stage=self.name)
+        info["end"] = time.perf_counter() - t0
+        info["doc_ids"] = [h.doc_id for h in hits]
+        return hits
+
+    async def _candidates(self, item, ctx, docs, answer, budget, rng):
+        c, q = self.config, item.query
+        if docs:
+            vectors = await ctx.embed([f"{d.title}: {d.text}" if d.title else d.text for d in docs])
+        else:
+            vectors = np.zeros((0, 1), dtype=np.float32)
+        sampled = sample_subsets(vectors, c.groups, c.candidates, int(rng.integers(2 ** 63)), c.subset_mode)
+        requests = [GenerateRequest(build_prompt(q, [docs[i] for i in s]), max_new_tokens=budget,
+                                    stop=STOP[q["task_type"]], continuation_ids=tuple(answer)) for s in sampled.subsets]
+        return sampled.subsets, list(await asyncio.gather(*(ctx.generate(r) for r in requests)))
+
+
+class SPS(Method):
+    name = "sps"
+    config_class = SPSConfig
+    model_roles = ("generator", "embedder")
+    needs_retriever = True
+
+    def stages(self):
+        return [Retrieve(self.config.top_k), StagedLoop(self.config)]
