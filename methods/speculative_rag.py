@@ -38,6 +38,9 @@ class SpeculativeRAGConfig(MethodConfig):
     rationale_max_new_tokens: int = 48
     reflection: str = REFLECTION
     seed: int = 0
+    # per-token means for rho_draft and rho_SC instead of the paper's sums: with small models the
+    # sums mostly measure length (a long rationale costs ~100 nats), not consistency
+    length_normalize: bool = False
     # decode each draft alone: drafts then do not depend on what shares their batch (slower)
     batch_invariant: bool = False
 
@@ -78,18 +81,23 @@ def draft_text(answer: str, rationale: str) -> str:
     return f" {answer}\nRationale: {rationale}" if rationale else f" {answer}"
 
 
-def combined_score(draft: dict, used: tuple[str, ...]) -> float:
+def combined_score(draft: dict, used: tuple[str, ...], length_normalize: bool = False) -> float:
     """Sum of the used log-scores; an unparsable draft is -inf (never chosen over a real one)."""
     if draft["parsed"] == "empty":
         return -math.inf
-    return float(sum(draft[f"rho_{name}"] for name in used))
+    if not length_normalize:
+        return float(sum(draft[f"rho_{name}"] for name in used))
+    per_token = {"draft": draft["rho_draft"] / max(draft["draft_tokens"], 1),
+                 "sc": draft["rho_sc"] / max(draft["sc_tokens"], 1) if draft["rho_sc"] is not None else None,
+                 "sr": draft["rho_sr"]}
+    return float(sum(per_token[name] for name in used))
 
 
 def choose_draft(drafts: list[dict], config: SpeculativeRAGConfig, query_id: str) -> dict:
     """Set each draft's combined score and return the selected draft: the argmax (ties to
     the lowest index) or, for the random-selection ablation, a seeded pick among parsable ones."""
     for d in drafts:
-        d["score"] = combined_score(d, config.scores) if config.selection == "score" else None
+        d["score"] = combined_score(d, config.scores, config.length_normalize) if config.selection == "score" else None
     if config.selection == "random":
         pool = [d for d in drafts if d["parsed"] != "empty"] or drafts
         return pool[int(np.random.default_rng(query_seed(config.seed + 1, query_id)).integers(len(pool)))]
@@ -168,12 +176,14 @@ class Verify:
     async def run(self, item: QueryState, ctx) -> QueryState:
         d = item.scratch["draft"]
         d["rho_sc"] = d["rho_sr"] = None
+        d["sc_tokens"] = 0
         if {"sc", "sr"} & set(self.config.scores) and self.config.selection == "score" and d["parsed"] != "empty":
             segments = (f"Answer:{draft_text(d['answer'], d['rationale'])}",
                         f"\n{self.config.reflection}\nAnswer:", " Yes")
             scored = await ctx.score(ScoreRequest.of_segments(task_input(item.query) + "\n", segments),
                                      model="verifier")
             d["rho_sc"], _, d["rho_sr"] = scored.segment_totals()
+            d["sc_tokens"] = scored.segment_lengths[0]
         return item
 
 
@@ -192,7 +202,8 @@ class Select:
         item.trace.drafts = [{"text": draft_text(d["answer"], d["rationale"]).strip(), "score": d["score"],
                               "doc_ids": d["doc_ids"], "answer": d["answer"], "rationale": d["rationale"],
                               "parsed": d["parsed"], "rho_draft": d["rho_draft"], "rho_sc": d["rho_sc"],
-                              "rho_sr": d["rho_sr"]} for d in drafts]
+                              "rho_sr": d["rho_sr"], "draft_tokens": d["draft_tokens"], "sc_tokens": d["sc_tokens"]}
+                             for d in drafts]
         item.trace.chosen_draft = chosen["index"]
         item.trace.details["draft_raw"] = [d["raw"] for d in drafts]
         item.scratch.pop("draft", None)
