@@ -87,7 +87,8 @@ def cmd_answer(args, extra) -> int:
     method = create_method(args.method, **_method_config(args.set or []))
     runtime = _runtime(args).with_roles(method.model_roles)
     job = AnswerJob(args.queries, args.output, method, runtime, batch_size=args.batch_size,
-                    num_shards=args.shards, beam_args=_beam_args(extra), resume=args.resume)
+                    num_shards=args.shards, beam_args=_beam_args(extra), resume=args.resume,
+                    gather_timeout_s=args.gather_timeout)
     manifest = run_answer(job)
     print(f"wrote {args.output} ({manifest['wall_s']} s); manifest: {Path(args.output) / 'manifest.json'}")
     return 0
@@ -174,6 +175,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="method setting, e.g. top_k=5")
     p.add_argument("--batch-size", type=int, default=16, help="queries per stage batch")
     p.add_argument("--shards", type=int, default=4, help="shard keys for keyed batching")
+    p.add_argument("--gather-timeout", type=float, default=None,
+                   help="seconds a fanned-out query waits for all its parts before going to dead letters "
+                        "(streaming; in batch runs the end of input expires incomplete queries)")
     p.add_argument("--resume", action="store_true",
                    help="keep earlier results in --output and answer only the queries without one")
     _add_runtime(p)
