@@ -26,6 +26,8 @@ SCORES = ("draft", "sc", "sr")
 SELECTIONS = ("score", "random")
 REFLECTION = "Do you think the rationale supports the answer, yes or no?"
 RATIONALE_PREFIX = "\nRationale:"
+
+
 @dataclass(frozen=True)
 class SpeculativeRAGConfig(MethodConfig):
     top_k: int = 10  # retrieved documents (MuSiQue: 15)
