@@ -62,24 +62,22 @@ def padded_flat_index(source: Path, out: Path, total: int, seed: int = 0) -> dic
     return manifest
 
 
-def serve_one_by_one(engine, method, queries: list[dict], label: str) -> tuple[list[float], list]:
-    """One request at a time (the paper's serving latency): per-request seconds and final states."""
-    from specrag.methods.local_run import run_method
-    latencies, states = [], []
-    for q in queries:
-        start = time.perf_counter()
-        done, failures = run_method(engine, method, [q])
-        latencies.append(time.perf_counter() - start)
-        if failures:
-            raise SystemExit(f"{label}: {failures}")
-        states.extend(done)
-    engine.close()
-    return latencies, states
+def serve(services, method, queries: list[dict], label: str) -> tuple[list[float], list]:
+    """One request at a time on a fresh engine (the paper's serving latency)."""
+    from specrag.inference import Engine
+    from workloads import serve_one_by_one
+    engine = Engine(services)
+    try:
+        return serve_one_by_one(engine, method, queries)
+    except SystemExit as e:
+        raise SystemExit(f"{label}: {e}") from None
+    finally:
+        engine.close()
 
 
 def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
     """KNN-LM vs RaLMSpec (+S) for KNN-LM over a datastore of the pooled corpus, per k."""
-    from specrag.inference import Engine, Services
+    from specrag.inference import Services
     from specrag.inference.local import LocalBackend, LocalModelConfig
     from specrag.methods import create_method
     from specrag.pipelines.build_datastore import run_build_datastore
@@ -104,8 +102,8 @@ def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
             for label, name, extra in (("KNN-LM", "knnlm", {}), ("RaLMSpec", "knnlm-spec", {}),
                                        ("RaLMSpec+S", "knnlm-spec", {"os3": True})):
                 method = create_method(name, k=k, max_new_tokens=args.knnlm_tokens, **extra)
-                lat, states = serve_one_by_one(Engine(Services(models={"generator": lm}, datastore=store)), method,
-                                               queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}")
+                lat, states = serve(Services(models={"generator": lm}, datastore=store), method,
+                                    queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}")
                 outs = {s.id: s.trace.details["output_ids"] for s in states}
                 base = base or outs
                 rows.append({"datastore": kind, "k": k, "method": label, "mean_latency_s": statistics.mean(lat),
@@ -144,7 +142,7 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.threads)
     from specrag.importers import import_datasets
-    from specrag.inference import Engine, Services
+    from specrag.inference import Services
     from specrag.inference.local import LocalBackend, LocalModelConfig
     from specrag.methods import create_method
     from specrag.pipelines.build_index import run_build_index
@@ -188,8 +186,8 @@ def main() -> int:
         baseline = None
         for label, name, extra in VARIANTS:
             method = create_method(name, **settings, **extra)
-            latencies, states = serve_one_by_one(Engine(Services(models={"generator": generator}, retriever=retriever)),
-                                                 method, queries, f"{kind} {label}")
+            latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
+                                      method, queries, f"{kind} {label}")
             outputs = {s.id: s.trace.details["output_ids"] for s in states}
             if baseline is None:
                 baseline = outputs

@@ -19,7 +19,9 @@ drafts of a query are one batched call) with
   test suite checks that) and their latency is that run's: the same calls are made.
 Accuracy: PopQA and HotpotQA "gold answer contained in the output" (the papers' accuracy;
 HotpotQA EM also listed), ARC-Challenge and PubHealth label accuracy. Retrieval: BM25 over the
-pooled corpus of the shared sets. Writes benchmarks/results/speculative_rag.md; the last line
+pooled corpus of the shared sets. Each query's measurement is kept under the work folder
+($SPECRAG_BENCH_DIR, default /tmp/specrag-srag-bench), so a longer or interrupted run measures only
+what is missing (run it alone on the machine: latencies are compared across runs then). Writes benchmarks/results/speculative_rag.md; the last line
 is `specrag_minus_standard_acc=<points averaged over datasets> latency_ratio=<specrag/standard>`.
 """
 from __future__ import annotations
@@ -29,7 +31,6 @@ import copy
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,19 +48,6 @@ RESELECTED = [("specrag: w/o rho_draft", {"scores": ("sc", "sr")}), ("specrag: w
               ("specrag: w/o rho_SR", {"scores": ("draft", "sc")}),
               ("specrag: length-normalised scores", {"length_normalize": True}),
               ("specrag: best of its drafts (oracle)", None)]
-
-
-def serve_one_by_one(engine, method, queries):
-    from specrag.methods.local_run import run_method
-    latencies, states = [], []
-    for q in queries:
-        start = time.perf_counter()
-        done, failures = run_method(engine, method, [q])
-        latencies.append(time.perf_counter() - start)
-        if failures:
-            raise SystemExit(f"{method.name}: {failures}")
-        states.extend(done)
-    return latencies, states
 
 
 def accuracy(state) -> tuple[float, float]:
@@ -103,7 +91,7 @@ def main() -> int:
     from specrag.pipelines.build_index import run_build_index
     from specrag.retrieval import open_retriever
     from specrag.schemas import validate_query
-    from workloads import SHARED_SETS, machine_line, markdown_table, publish
+    from workloads import SHARED_SETS, cache_file, machine_line, markdown_table, publish, serve_one_by_one
 
     work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
     data = work / "data"
@@ -124,7 +112,8 @@ def main() -> int:
         for label, name, settings in RUNS:
             method = create_method(name, **settings)
             engine = Engine(services)
-            latencies, states = serve_one_by_one(engine, method, queries)
+            latencies, states = serve_one_by_one(engine, method, queries,
+                                                 cache_file(work, ds, method, args.dtype, args.threads))
             engine.close()
             acc = [accuracy(s) for s in states]
             by[(ds, label)] = (latencies, [a for a, _ in acc])

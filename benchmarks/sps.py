@@ -11,7 +11,8 @@ questions one at a time (the paper's latency setting, batch size 1, retrieval in
 ablations: static retrieval, random selection, random subsets. Every method uses the same
 generator (SmolLM2-135M-Instruct) and BM25 over the pooled corpus; ASQA gets top-5 for every
 method. Metrics: PopQA "gold answer contained", ARC-Challenge / PubHealth label accuracy,
-ASQA str-EM (headline) and ROUGE-L. Writes benchmarks/results/sps.md; the last line is
+ASQA str-EM (headline) and ROUGE-L. Measurements are kept per query under the work folder (shared
+with benchmarks/speculative_rag.py), so a longer run measures only what is missing. Writes benchmarks/results/sps.md; the last line is
 `sps_latency_over_standard=<r> sps_latency_over_specrag=<r> sps_minus_standard_acc=<points>`.
 """
 from __future__ import annotations
@@ -26,7 +27,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
 DATASETS = ("popqa", "arc_challenge", "pubhealth", "asqa")
 HEADLINE = {"short_form": "contains", "multiple_choice": "accuracy", "claim_verification": "accuracy",
             "long_form": "str_em"}
@@ -63,8 +63,7 @@ def main() -> int:
     from specrag.pipelines.build_index import run_build_index
     from specrag.retrieval import open_retriever
     from specrag.schemas import validate_query
-    from speculative_rag import serve_one_by_one
-    from workloads import SHARED_SETS, machine_line, markdown_table, publish
+    from workloads import SHARED_SETS, cache_file, machine_line, markdown_table, publish, serve_one_by_one
 
     work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
     data = work / "data"
@@ -84,7 +83,9 @@ def main() -> int:
         queries = [validate_query(r) for r in pq.read_table(data / ds / "queries.parquet").to_pylist()][:args.questions]
         for label, name, settings in runs(ds, args.chunk_tokens):
             engine = Engine(services)
-            latencies, states = serve_one_by_one(engine, create_method(name, **settings), queries)
+            method = create_method(name, **settings)
+            latencies, states = serve_one_by_one(engine, method, queries,
+                                                 cache_file(work, ds, method, args.dtype, args.threads))
             engine.close()
             scores = [score_row(s.query["task_type"], s.answer, s.raw_output, s.choice, s.query) for s in states]
             head = [sc[HEADLINE[s.query["task_type"]]] for sc, s in zip(scores, states)]

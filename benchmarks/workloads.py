@@ -28,6 +28,39 @@ def popqa_bm25(data_dir: str, n: int, prefix: str):
     return work, retriever, queries[:n]
 
 
+def serve_one_by_one(engine, method, queries: list[dict], cache: Path | None = None) -> tuple[list[float], list]:
+    """Serve queries one at a time (the papers' latency setting): per-query seconds and states.
+
+    With ``cache`` (a file per method fingerprint), each finished query is kept there, so an
+    interrupted or longer run (more questions) serves only the queries it has not measured yet.
+    """
+    import pickle
+    from specrag.methods.local_run import run_method
+    done: dict[str, tuple[float, object]] = {}
+    if cache is not None and cache.exists():
+        done = pickle.loads(cache.read_bytes())
+    for q in queries:
+        if q["id"] in done:
+            continue
+        start = time.perf_counter()
+        states, failures = run_method(engine, method, [q])
+        elapsed = time.perf_counter() - start
+        if failures:
+            raise SystemExit(f"{method.name}: {failures}")
+        done[q["id"]] = (elapsed, states[0])
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(done))
+            tmp.replace(cache)
+    return [done[q["id"]][0] for q in queries], [done[q["id"]][1] for q in queries]
+
+
+def cache_file(work: Path, dataset: str, method, dtype: str, threads: int) -> Path:
+    """Where one (dataset, method settings, model dtype, threads) series of measurements is kept."""
+    return work / "measured" / dataset / f"{method.name}-{method.fingerprint()}-{dtype}-t{threads}.pkl"
+
+
 def markdown_table(rows: list[dict], cols: list[str]) -> list[str]:
     fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
     return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
