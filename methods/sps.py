@@ -105,13 +105,14 @@ class StagedLoop:
             stages.append(record)
             finished = pick.finish_reason == "stop" or len(answer) >= limit
             if task is not None and finished:  # the answer is complete: that retrieval is not needed
+                info["used"], info["cancelled"] = False, not task.done()
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                info["cancelled"] = True
             if finished:
                 break
             if task is not None:
                 docs, docs_query = await task, info["query"]
+                info["used"] = True
         return finalise_tokens(item, ctx, answer, stages=stages)
 
     async def _retrieve(self, ctx, info: dict, t0: float):
