@@ -84,27 +84,12 @@ def main() -> int:
     import pyarrow.parquet as pq
     import torch
     torch.set_num_threads(args.threads)
-    from specrag.importers import import_datasets
-    from specrag.inference import Engine, Services
-    from specrag.inference.local import LocalBackend, LocalModelConfig
+    from specrag.inference import Engine
     from specrag.methods import create_method
-    from specrag.pipelines.build_index import run_build_index
-    from specrag.retrieval import open_retriever
     from specrag.schemas import validate_query
-    from workloads import SHARED_SETS, cache_file, machine_line, markdown_table, publish, serve_one_by_one
+    from workloads import cache_file, drafting_workload, machine_line, markdown_table, publish, serve_one_by_one
 
-    work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
-    data = work / "data"
-    if not (data / "pooled_corpus.parquet").exists():
-        import_datasets(Path(args.data_dir), SHARED_SETS, data, pool=True)
-    if not (work / "index" / "manifest.json").exists():
-        run_build_index(str(data / "pooled_corpus.parquet"), str(work / "index"), ["bm25"])
-    retriever = open_retriever(work / "index", "bm25")
-    load = lambda name: LocalBackend(LocalModelConfig(name, num_threads=args.threads,  # noqa: E731
-                                                      dtype=args.dtype if name != "all-minilm-l6-v2" else "float32"))
-    small, verifier, embedder = load("smollm2-135m-instruct"), load("gemma3-270m"), load("all-minilm-l6-v2")
-    services = Services(models={"generator": small, "drafter": small, "verifier": verifier, "embedder": embedder},
-                        retriever=retriever)
+    work, data, services = drafting_workload(args.data_dir, args.dtype, args.threads)
 
     rows, by = [], {}
     for ds in args.datasets.split(","):

@@ -28,6 +28,31 @@ def popqa_bm25(data_dir: str, n: int, prefix: str):
     return work, retriever, queries[:n]
 
 
+def drafting_workload(data_dir: str, dtype: str, threads: int):
+    """(work folder, imported data folder, Services) shared by the Speculative RAG and SPS
+    benchmarks: BM25 over the pooled corpus; SmolLM2 as generator and drafter, Gemma-3 as
+    verifier, MiniLM as embedder; loaded once."""
+    from specrag.importers import import_datasets
+    from specrag.inference import Services
+    from specrag.inference.local import LocalBackend, LocalModelConfig
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.retrieval import open_retriever
+    work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
+    data = work / "data"
+    if not (data / "pooled_corpus.parquet").exists():
+        import_datasets(Path(data_dir), SHARED_SETS, data, pool=True)
+    if not (work / "index" / "manifest.json").exists():
+        run_build_index(str(data / "pooled_corpus.parquet"), str(work / "index"), ["bm25"])
+
+    def load(name: str, model_dtype: str = dtype):
+        return LocalBackend(LocalModelConfig(name, num_threads=threads, dtype=model_dtype))
+    small = load("smollm2-135m-instruct")
+    services = Services(models={"generator": small, "drafter": small, "verifier": load("gemma3-270m"),
+                                "embedder": load("all-minilm-l6-v2", "float32")},
+                        retriever=open_retriever(work / "index", "bm25"))
+    return work, data, services
+
+
 def serve_one_by_one(engine, method, queries: list[dict], cache: Path | None = None) -> tuple[list[float], list]:
     """Serve queries one at a time (the papers' latency setting): per-query seconds and states.
 
