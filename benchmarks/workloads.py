@@ -53,37 +53,138 @@ def drafting_workload(data_dir: str, dtype: str, threads: int):
     return work, data, services
 
 
-def serve_one_by_one(engine, method, queries: list[dict], cache: Path | None = None) -> tuple[list[float], list]:
+def serve_one_by_one(engine, method, queries: list[dict], cache: Path | None = None,
+                     reverse: bool = False) -> tuple[list[float], list]:
     """Serve queries one at a time (the papers' latency setting): per-query seconds and states.
 
     With ``cache`` (a file per method fingerprint), each finished query is kept there, so an
     interrupted or longer run (more questions) serves only the queries it has not measured yet.
+    Processes sharing the cache share the work: a query is claimed before it is served, writes
+    merge under a lock, and a process waits at the end for the queries another one is serving.
     """
-    import pickle
     from specrag.methods.local_run import run_method
-    done: dict[str, tuple[float, object]] = {}
-    if cache is not None and cache.exists():
-        done = pickle.loads(cache.read_bytes())
-    for q in queries:
-        if q["id"] in done:
+    done = _read_measured(cache)
+    for q in (reversed(queries) if reverse else queries):
+        if q["id"] in done or q["id"] in (done := _read_measured(cache, done)) or not _claim(cache, q["id"]):
             continue
         start = time.perf_counter()
         states, failures = run_method(engine, method, [q])
         elapsed = time.perf_counter() - start
         if failures:
             raise SystemExit(f"{method.name}: {failures}")
-        done[q["id"]] = (elapsed, states[0])
-        if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps(done))
-            tmp.replace(cache)
+        if cache is None:
+            done = {**done, q["id"]: (elapsed, states[0])}
+            continue
+        done = _merge_measured(cache, {q["id"]: (elapsed, states[0])})
+        _claim_path(cache, q["id"]).unlink(missing_ok=True)
+    while missing := [q["id"] for q in queries if q["id"] not in done]:
+        if not any(_claimed_by_live_process(cache, i) for i in missing):  # its server died: serve it here
+            return serve_one_by_one(engine, method, queries, cache, reverse)
+        time.sleep(1.0)
+        done = _read_measured(cache, done)
     return [done[q["id"]][0] for q in queries], [done[q["id"]][1] for q in queries]
+
+
+def _claim_path(cache: Path, query_id: str) -> Path:
+    import hashlib
+    return cache.with_suffix(".claims") / hashlib.sha256(query_id.encode()).hexdigest()[:32]
+
+
+def _claim(cache: Path | None, query_id: str) -> bool:
+    """True when this process may serve the query: nobody alive is serving it."""
+    if cache is None:
+        return True
+    path = _claim_path(cache, query_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            with open(path, "x") as f:
+                f.write(str(os.getpid()))
+            return True
+        except FileExistsError:
+            if _claimed_by_live_process(cache, query_id):
+                return False
+            path.unlink(missing_ok=True)  # a dead process's claim
+    return False
+
+
+def _claimed_by_live_process(cache: Path, query_id: str) -> bool:
+    path = _claim_path(cache, query_id)
+    try:
+        text = path.read_text()
+        if not text:  # being written just now, or left empty by a crash
+            return time.time() - path.stat().st_mtime < 10
+        os.kill(int(text), 0)
+        return int(text) != os.getpid()
+    except PermissionError:
+        return True
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return False
+
+
+def _read_measured(cache: Path | None, known: dict | None = None) -> dict:
+    """The measurements kept in ``cache``; ``known`` again when the file has not changed since."""
+    import pickle
+    if cache is None or not cache.exists():
+        return known or {}
+    stamp = cache.stat().st_mtime_ns
+    if known is not None and getattr(known, "stamp", None) == stamp:
+        return known
+    measured = _Measured(pickle.loads(cache.read_bytes()))
+    measured.stamp = stamp
+    return measured
+
+
+def _merge_measured(cache: Path, new: dict) -> dict:
+    """Add ``new`` to the file under an exclusive lock (another process may be adding too)."""
+    import fcntl
+    import pickle
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        measured = dict(_read_measured(cache))
+        measured.update(new)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(measured))
+        tmp.replace(cache)
+        return _read_measured(cache)
+
+
+class _Measured(dict):
+    """A dict of measurements that remembers the file version it was read from."""
+    stamp: int | None = None
 
 
 def cache_file(work: Path, dataset: str, method, dtype: str, threads: int) -> Path:
     """Where one (dataset, method settings, model dtype, threads) series of measurements is kept."""
     return work / "measured" / dataset / f"{method.name}-{method.fingerprint()}-{dtype}-t{threads}.pkl"
+
+
+def ablation_rounds(n: int, step: int = 10) -> list[int]:
+    """Question counts at which ablations advance over every dataset together, so a run stopped
+    early has them on the same questions everywhere."""
+    return [*range(step, n, step), n] if n else []
+
+
+def summarise(by: dict, datasets: list[str], label: str, baseline: str, method: str) -> dict:
+    """One method's accuracy (mean over datasets, %) and mean latency from ``by[(dataset, label)]
+    = (latencies, per-question accuracy)``, with its differences to ``baseline`` and ``method``
+    computed on the same questions (an ablation may have been run on fewer)."""
+    import statistics
+    n = min(len(by[(ds, label)][0]) for ds in datasets)
+
+    def acc(name: str) -> float:
+        return statistics.mean(100 * statistics.mean(by[(ds, name)][1][:n]) for ds in datasets)
+
+    def latency(name: str) -> float:
+        return statistics.mean(x for ds in datasets for x in by[(ds, name)][0][:n])
+    return {"method": label, "questions": n, "mean_accuracy": acc(label), "mean_latency_s": latency(label),
+            "acc_minus_standard": acc(label) - acc(baseline), "acc_minus_method": acc(label) - acc(method),
+            "latency_over_standard": latency(label) / latency(baseline)}
+
+
+def by_label(summary: list[dict], label: str) -> dict:
+    return next(r for r in summary if r["method"] == label)
 
 
 def markdown_table(rows: list[dict], cols: list[str]) -> list[str]:
