@@ -2,7 +2,7 @@
 
 Usage (from the repository root, after `make install`):
 
-    .venv/bin/python benchmarks/speculative_rag.py [--questions 200] [--dtype bfloat16]
+    .venv/bin/python benchmarks/speculative_rag.py [--questions 200] [--ablation-questions N] [--dtype bfloat16]
 
 For each of PopQA, ARC-Challenge, PubHealth and HotpotQA (first ``--questions`` each), serves
 the questions one at a time (the paper's latency setting: no cross-query batching; the m
@@ -21,7 +21,11 @@ Accuracy: PopQA and HotpotQA "gold answer contained in the output" (the papers' 
 HotpotQA EM also listed), ARC-Challenge and PubHealth label accuracy. Retrieval: BM25 over the
 pooled corpus of the shared sets. Each query's measurement is kept under the work folder
 ($SPECRAG_BENCH_DIR, default /tmp/specrag-srag-bench), so a longer or interrupted run measures only
-what is missing (run it alone on the machine: latencies are compared across runs then). Writes benchmarks/results/speculative_rag.md; the last line
+what is missing (run it alone on the machine: latencies are compared across runs then). Processes
+sharing the work folder share the work (on 2 cores: this and benchmarks/sps.py side by side, one
+thread each). The ablations run for real may be measured on fewer questions (``--ablation-questions``,
+advanced in rounds of 10 over all datasets) and are then compared on those questions. Writes
+benchmarks/results/speculative_rag.md; the last line
 is `specrag_minus_standard_acc=<points averaged over datasets> latency_ratio=<specrag/standard>`.
 """
 from __future__ import annotations

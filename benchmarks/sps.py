@@ -2,7 +2,7 @@
 
 Usage (from the repository root, after `make install`):
 
-    .venv/bin/python benchmarks/sps.py [--questions 200] [--dtype bfloat16]
+    .venv/bin/python benchmarks/sps.py [--questions 200] [--ablation-questions N] [--dtype bfloat16]
 
 For each of PopQA, ARC-Challenge, PubHealth and ASQA (first ``--questions`` each), serves the
 questions one at a time (the paper's latency setting, batch size 1, retrieval included) with
@@ -12,7 +12,9 @@ ablations: static retrieval, random selection, random subsets. Every method uses
 generator (SmolLM2-135M-Instruct) and BM25 over the pooled corpus; ASQA gets top-5 for every
 method. Metrics: PopQA "gold answer contained", ARC-Challenge / PubHealth label accuracy,
 ASQA str-EM (headline) and ROUGE-L. Measurements are kept per query under the work folder (shared
-with benchmarks/speculative_rag.py), so a longer run measures only what is missing. Writes benchmarks/results/sps.md; the last line is
+with benchmarks/speculative_rag.py, and processes sharing it share the work), so a longer run
+measures only what is missing; ``--ablation-questions`` measures the ablations on fewer questions
+(compared on those). Writes benchmarks/results/sps.md; the last line is
 `sps_latency_over_standard=<r> sps_latency_over_specrag=<r> sps_minus_standard_acc=<points>`.
 """
 from __future__ import annotations
