@@ -111,9 +111,10 @@ def main() -> int:
                                          "retrieval_calls", "generated_tokens", "stages"]),
               "", "Averaged over the datasets (accuracy: each dataset's headline metric, %):", "",
               *markdown_table(summary, ["method", "questions", "mean_accuracy", "acc_minus_standard",
-                                        "acc_minus_method", "mean_latency_s", "latency_over_standard"]),
+                                        "ci95_vs_standard", "acc_minus_method", "mean_latency_s", "latency_over_standard"]),
               "", "acc_minus_standard and acc_minus_method (sps) compare on the same questions: an ablation run on "
-              "fewer questions is compared with the first that many of the others."]
+              "fewer questions is compared with the first that many of the others; ci95_vs_standard: paired "
+              "bootstrap over those questions (2000 draws, seed 0), in points."]
     setup = (f"{machine_line(args.threads)}, model dtype {args.dtype}; first {args.questions} questions of "
              f"{', '.join(datasets)} (ablations: first {n_ablation}); one query at a time; BM25 over the pooled "
              f"corpus; SPS chunks of "

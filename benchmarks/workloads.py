@@ -178,9 +178,25 @@ def summarise(by: dict, datasets: list[str], label: str, baseline: str, method: 
 
     def latency(name: str) -> float:
         return statistics.mean(x for ds in datasets for x in by[(ds, name)][0][:n])
+    lo, hi = paired_bootstrap_ci([by[(ds, label)][1][:n] for ds in datasets],
+                                 [by[(ds, baseline)][1][:n] for ds in datasets])
     return {"method": label, "questions": n, "mean_accuracy": acc(label), "mean_latency_s": latency(label),
-            "acc_minus_standard": acc(label) - acc(baseline), "acc_minus_method": acc(label) - acc(method),
-            "latency_over_standard": latency(label) / latency(baseline)}
+            "acc_minus_standard": acc(label) - acc(baseline), "ci95_vs_standard": f"[{lo:.1f}, {hi:.1f}]",
+            "acc_minus_method": acc(label) - acc(method), "latency_over_standard": latency(label) / latency(baseline)}
+
+
+def paired_bootstrap_ci(a: list[list[float]], b: list[list[float]], draws: int = 2000,
+                        seed: int = 0) -> tuple[float, float]:
+    """95% interval of mean_over_datasets(mean(a) - mean(b)) in points, resampling each dataset's
+    questions (the same questions for both methods: a paired comparison)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    stats = np.zeros(draws)
+    for x, y in zip(a, b):
+        diff = 100 * (np.asarray(x, dtype=float) - np.asarray(y, dtype=float))
+        stats += diff[rng.integers(0, len(diff), size=(draws, len(diff)))].mean(axis=1)
+    stats /= len(a)
+    return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
 
 
 def by_label(summary: list[dict], label: str) -> dict:
