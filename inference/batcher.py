@@ -37,9 +37,11 @@ class MicroBatcher:
         self._group_key = group_key or (lambda _r: None)
         self._pending: dict[Any, list[tuple[Any, asyncio.Future, float]]] = {}
         self._timers: dict[Any, asyncio.TimerHandle] = {}
+        self._running: set[asyncio.Task] = set()  # batched calls under way (kept: tasks are weakly held)
         self.calls = 0
         self.items = 0
         self.busy_s = 0.0
+        self.withdrawn = 0  # requests of cancelled queries taken out of the queue unsent
 
     async def submit(self, request: Any) -> Any:
         """Queue one request; returns its result (or raises the backend's error)."""
@@ -51,22 +53,50 @@ class MicroBatcher:
         fut: asyncio.Future = loop.create_future()
         key = self._group_key(request)
         queue = self._pending.setdefault(key, [])
-        queue.append((request, fut, time.perf_counter()))
+        entry = (request, fut, time.perf_counter())
+        queue.append(entry)
         if len(queue) >= self.max_batch:
             self._flush(key)
         elif key not in self._timers:
             self._timers[key] = loop.call_later(self.max_wait_s, self._flush, key)
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._withdraw(key, entry)
+            raise
+
+    def _withdraw(self, key: Any, entry: tuple) -> None:
+        """A cancelled query's request still waiting for its batch never reaches the backend."""
+        queue = self._pending.get(key)
+        if queue is None:
+            return
+        for i, queued in enumerate(queue):
+            if queued is entry:
+                del queue[i]
+                self.withdrawn += 1
+                break
+        if not queue:
+            self._pending.pop(key, None)
+            timer = self._timers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch (not yet sent)."""
+        return sum(len(q) for q in self._pending.values())
 
     def _flush(self, key: Any) -> None:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
-        queue = self._pending.get(key, [])
+        queue = [e for e in self._pending.pop(key, []) if not e[1].done()]
+        loop = asyncio.get_running_loop()
         while queue:
-            batch, queue[:] = queue[: self.max_batch], queue[self.max_batch:]
-            asyncio.get_running_loop().create_task(self._run(batch))
-        self._pending.pop(key, None)
+            batch, queue = queue[: self.max_batch], queue[self.max_batch:]
+            task = loop.create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
 
     async def _run(self, batch: list[tuple[Any, asyncio.Future, float]]) -> None:
         loop = asyncio.get_running_loop()
@@ -83,9 +113,9 @@ class MicroBatcher:
                     batch[0][1].set_exception(e)
                 return
             # one bad request (e.g. a prompt over the model's limit) must not fail the
-            # others: retry them one by one so each gets its own result or error
-            for item in batch:
-                await self._run([item])
+            # others: each is retried alone, all at once (a remote server takes them in
+            # parallel; a local model's single-worker pool runs them back to back)
+            await asyncio.gather(*(self._run([item]) for item in batch if not item[1].done()))
             return
         except BaseException as e:  # cancelled / interrupted: every waiter learns of it
             for _, fut, _ in batch:

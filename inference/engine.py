@@ -1,24 +1,37 @@
-"""The engine: runs one stage over many queries on one event loop, batching their calls.
+"""The engine: one per worker process, running queries' stages on its own event-loop thread.
 
-A stage is an async function over one query's state. The engine starts one task per
-query; the tasks await services of a per-query ``Context`` (retrieve, generate, score,
-embed), whose requests meet in per-operation MicroBatchers and go to the backends as
-batched calls. Timings and counts land in each query's trace. The same code runs inside a
-Beam DoFn, in tests and in benchmarks.
+A stage is an async function over one query's state. Callers (Beam DoFn instances on any
+thread, tests, benchmarks) ``submit`` a query with its chain of stages as it arrives; the
+engine runs it as one task on its loop, at most ``max_in_flight`` at a time (``submit``
+blocks beyond that: backpressure), and resolves the returned future when the query is done.
+The tasks await services of a per-query ``Context`` (retrieve, generate, score, embed,
+...), whose requests meet in per-operation MicroBatchers and go to the backends as batched
+calls: micro-batches form across every query in flight, whichever bundle or thread sent it.
+
+Structured concurrency: a task a query starts with ``ctx.spawn`` (SPS's overlapped
+retrieval, RaLMSpec's asynchronous verification) is cancelled and awaited when the query
+ends; a cancelled query's requests still waiting for a batch are withdrawn; a stage that
+runs past ``stage_timeout_s`` fails with ``StageTimeout`` (a backend's own timeout keeps its
+own type and message). ``close`` cancels whatever is left and stops the loop thread.
 
 Example usage::
 
-    services = Services(backends={"generator": backend}, retriever=retriever)
-    engine = Engine(services, EngineConfig(max_batch=16))
-    outputs = engine.run_stage(stage, states)      # list of StageOutcome, input order
+    engine = Engine(Services(models={"generator": backend}, retriever=retriever))
+    future = engine.submit([Retrieve(10), Generate()], QueryState(query))  # from any thread
+    outcome = future.result()                      # QueryOutcome: outputs or error + stage
+    outcomes = engine.run_stages(stages, states)   # many at once, input order
+    engine.close()
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
+import threading
 import time
 import traceback
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -33,16 +46,19 @@ from specrag.inference.types import (GenerateRequest, Generation, NextToken, Nex
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Micro-batching limits (per operation) and the per-query stage timeout."""
+    """Micro-batching limits (per operation), queries in flight, and the per-stage timeout."""
 
     max_batch: int = 16
     max_wait_s: float = 0.005
     retrieval_max_batch: int = 64
     stage_timeout_s: float = 600.0
+    # queries running at once in one engine (one per worker process); submit blocks beyond it.
+    # Enough to fill several micro-batches, few enough that documents and KV caches stay bounded.
+    max_in_flight: int = 64
 
     def __post_init__(self):
-        if self.max_batch < 1 or self.retrieval_max_batch < 1:
-            raise ValueError("max_batch and retrieval_max_batch must be >= 1")
+        if self.max_batch < 1 or self.retrieval_max_batch < 1 or self.max_in_flight < 1:
+            raise ValueError("max_batch, retrieval_max_batch and max_in_flight must be >= 1")
         if self.max_wait_s < 0 or self.stage_timeout_s <= 0:
             raise ValueError("max_wait_s must be >= 0 and stage_timeout_s > 0")
 
@@ -70,12 +86,41 @@ class Services:
     datastore: Any = None  # a KNN-LM Datastore (token-level retrieval)
 
 
+class StageTimeout(TimeoutError):
+    """A stage of one query ran past the engine's ``stage_timeout_s``."""
+
+
+class _QueryScope:
+    """The tasks one query started: they end when the query ends, whichever way it ends."""
+
+    def __init__(self):
+        self.tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        tasks = [t for t in self.tasks if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class Context:
     """A query's view of the services: awaitable operations that also keep its trace."""
 
-    def __init__(self, engine: "Engine", trace: Trace):
+    def __init__(self, engine: "Engine", trace: Trace, scope: _QueryScope | None = None):
         self._engine = engine
         self.trace = trace
+        self._scope = scope or _QueryScope()
+
+    def spawn(self, coro) -> asyncio.Task:
+        """Start a task that belongs to this query: cancelled and awaited when the query ends."""
+        return self._scope.spawn(coro)
 
     async def generate(self, request: GenerateRequest, model: str = "generator") -> Generation:
         start = time.perf_counter()
@@ -205,16 +250,22 @@ class Context:
 
 
 @dataclass
-class StageOutcome:
-    """What one query's stage produced: states (fan-out gives several) or an error."""
+class QueryOutcome:
+    """What a query's chain of stages produced: states (a fan-out gives several) or an error
+    with the name of the stage it happened in."""
 
     outputs: list[Any]
     error: BaseException | None = None
     error_traceback: str = ""
+    stage: str = ""
+    stages: tuple[str, ...] = ()  # the stages it ran, in order
+
+
+StageOutcome = QueryOutcome  # the name of the one-stage API
 
 
 class Engine:
-    """Runs stages over batches of query states with cross-query micro-batching."""
+    """Runs queries' stage chains on one event-loop thread, micro-batching their calls."""
 
     def __init__(self, services: Services, config: EngineConfig = EngineConfig()):
         self.services = services
@@ -222,7 +273,19 @@ class Engine:
         self._batchers: dict[tuple, MicroBatcher] = {}
         self._executors: dict[str, ThreadPoolExecutor] = {}
         self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(config.max_in_flight)
+        self._queries: set[asyncio.Task] = set()
+        self._closed = False
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.admitted = 0
+        self.cancelled_at_close = 0
+        # an engine dropped without close() (a Shared handle released) still stops its thread
+        self._finalizer = weakref.finalize(self, _stop_loop, self._loop, None, self._executors)
 
+    # -- services -------------------------------------------------------------------------
     def batcher(self, op: str, target: str, k: int | None = None) -> MicroBatcher:
         key = (op, target, k)
         batcher = self._batchers.get(key)
@@ -273,33 +336,154 @@ class Engine:
                                f"(have: {sorted(self.services.models)})")
         return backend
 
-    def run_stage(self, stage: Any, states: Sequence[Any]) -> list[StageOutcome]:
-        """Run ``stage.run`` for every state concurrently; one outcome per input, in order."""
-        return self._loop.run_until_complete(self._run_all(stage, states))
+    def batch_stats(self) -> dict[str, dict[str, float]]:
+        """Per batcher: backend calls, items, mean batch size, requests withdrawn unsent."""
+        return {b.name: {"calls": b.calls, "items": b.items, "mean_batch": b.items / max(b.calls, 1),
+                         "withdrawn": b.withdrawn} for b in self._batchers.values()}
 
-    async def _run_all(self, stage: Any, states: Sequence[Any]) -> list[StageOutcome]:
-        return list(await asyncio.gather(*(self._run_one(stage, s) for s in states)))
-
-    async def _run_one(self, stage: Any, state: Any) -> StageOutcome:
-        ctx = Context(self, state.trace)
-        start = time.perf_counter()
+    # -- admission ------------------------------------------------------------------------
+    def submit(self, stages: Sequence[Any], state: Any) -> concurrent.futures.Future:
+        """Admit one query (blocks while ``max_in_flight`` queries run); the future's result
+        is its QueryOutcome. Thread-safe; never call it from a stage (the loop's own thread)."""
+        self._start()
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("Engine.submit called from the engine's own loop (inside a stage)")
+        queued = time.perf_counter()
+        self._slots.acquire()
         try:
-            out = await asyncio.wait_for(stage.run(state, ctx), self.config.stage_timeout_s)
-        except asyncio.TimeoutError as e:
-            err = TimeoutError(f"stage {stage.name!r} exceeded {self.config.stage_timeout_s}s")
-            return StageOutcome([], err, "".join(traceback.format_exception(e)))
-        except Exception as e:  # a query's failure is data, not a crash of the batch
-            return StageOutcome([], e, "".join(traceback.format_exception(e)))
-        outputs = out if isinstance(out, list) else [out]
-        elapsed = time.perf_counter() - start
-        for o in outputs:
-            o.trace.add_time("total_s", elapsed)
-        return StageOutcome(outputs)
+            future = asyncio.run_coroutine_threadsafe(self._run_query(tuple(stages), state, queued), self._loop)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _f: self._slots.release())
+        return future
 
+    def run_stages(self, stages: Sequence[Any], states: Sequence[Any]) -> list[QueryOutcome]:
+        """Run a chain of stages for every state, concurrently; one outcome per input, in order."""
+        futures = [self.submit(stages, s) for s in states]
+        return [_outcome(f, stages) for f in futures]
+
+    def run_stage(self, stage: Any, states: Sequence[Any]) -> list[QueryOutcome]:
+        return self.run_stages([stage], states)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop.run_forever, name="specrag-engine", daemon=True)
+                self._thread.start()
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, _stop_loop, self._loop, self._thread, self._executors)
+
+    # -- one query ------------------------------------------------------------------------
+    async def _run_query(self, stages: tuple, state: Any, queued: float) -> QueryOutcome:
+        task = asyncio.current_task()
+        self._queries.add(task)
+        self.admitted += 1
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        start = time.perf_counter()
+        state.trace.add_time("queue_s", start - queued)  # waiting for admission (backpressure)
+        scope = _QueryScope()
+        items, done, current = [state], [], ""
+        try:
+            for stage in stages:
+                current = stage.name
+                items = await self._stage_over_parts(stage, items, scope)
+                done.append(stage.name)
+            served = time.perf_counter() - start
+            for item in items:
+                item.trace.add_time("total_s", served)
+            return QueryOutcome(items, stages=tuple(done))
+        except Exception as e:  # a query's failure is data, not a crash of the others
+            return QueryOutcome([], e, "".join(traceback.format_exception(e)), current, tuple(done))
+        finally:
+            await scope.close()
+            self.in_flight -= 1
+            self._queries.discard(task)
+
+    async def _stage_over_parts(self, stage: Any, items: list, scope: _QueryScope) -> list:
+        """One stage over every part of a query (parts concurrently); flattens fan-outs."""
+        if len(items) == 1:
+            results = [await self._run_one(stage, items[0], scope)]
+        else:
+            loop = asyncio.get_running_loop()
+            tasks = [loop.create_task(self._run_one(stage, item, scope)) for item in items]
+            try:
+                results = await asyncio.gather(*tasks)
+            except BaseException:  # one part failed: the query fails, its other parts stop
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        out: list = []
+        for r in results:
+            out.extend(r if isinstance(r, list) else [r])
+        return out
+
+    async def _run_one(self, stage: Any, item: Any, scope: _QueryScope) -> Any:
+        ctx = Context(self, item.trace, scope)
+        start = time.perf_counter()
+        timeout = asyncio.timeout(self.config.stage_timeout_s)
+        try:
+            async with timeout:
+                out = await stage.run(item, ctx)
+        except TimeoutError as e:
+            if timeout.expired():
+                raise StageTimeout(f"stage {stage.name!r} exceeded {self.config.stage_timeout_s}s") from e
+            raise  # a backend's own timeout (e.g. TritonTimeout): its type and message stay
+        elapsed = time.perf_counter() - start
+        for o in (out if isinstance(out, list) else [out]):
+            stage_s = o.trace.details.setdefault("stage_s", {})
+            stage_s[stage.name] = round(stage_s.get(stage.name, 0.0) + elapsed, 6)
+        return out
+
+    # -- teardown -------------------------------------------------------------------------
     def close(self) -> None:
-        for ex in self._executors.values():
-            ex.shutdown(wait=True)
-        self._loop.close()
+        """Cancel what is still running (and count it), stop the loop thread, free the pools."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self.cancelled_at_close = asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result()
+        self._finalizer.detach()
+        _stop_loop(self._loop, thread, self._executors)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+async def _cancel_all() -> int:
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return len(tasks)
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread | None,
+               executors: dict[str, ThreadPoolExecutor]) -> None:
+    if thread is not None and thread.is_alive():
+        loop.call_soon_threadsafe(loop.stop)
+        if threading.current_thread() is not thread:
+            thread.join()
+    for ex in executors.values():
+        ex.shutdown(wait=True, cancel_futures=True)
+    if not loop.is_running() and not loop.is_closed():
+        loop.close()
+
+
+def _outcome(future: concurrent.futures.Future, stages: Sequence[Any]) -> QueryOutcome:
+    try:
+        return future.result()
+    except concurrent.futures.CancelledError as e:  # the engine was closed under it
+        return QueryOutcome([], e, "", getattr(stages[0], "name", "") if stages else "")
 
 
 def _embed_rows(embed):

@@ -7,11 +7,12 @@ never import Beam: the same stages run in the pipeline, in tests and in benchmar
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import importlib
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -35,13 +36,11 @@ class QueryState:
         return self.query["id"]
 
     def fork(self, part: int, parts: int) -> "QueryState":
-        """A fanned-out copy. Part 0 keeps the accounting so far, the others start empty, so
-        summing the parts' traces at the join counts pre-fork work once."""
-        clone = copy.deepcopy(self)
-        clone.part, clone.parts = part, parts
-        if part:
-            clone.trace = Trace()
-        return clone
+        """A fanned-out part: it shares the query and the documents (references, not copies:
+        parts only read them) and has a scratch of its own. Part 0 keeps the accounting so far,
+        the others start empty, so summing the parts' traces at the join counts pre-fork work once."""
+        return dataclasses.replace(self, part=part, parts=parts, scratch=dict(self.scratch),
+                                   trace=self.trace if part == 0 else Trace())
 
 
 class Stage(Protocol):
@@ -120,6 +119,61 @@ def create_method(name: str, **config: Any) -> Method:
     return cls(**config)
 
 
+def _convert(raw: str, typ: Any, key: str) -> Any:
+    """One --set value to its field's type, or a ValueError that says what was expected."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        if raw.strip().lower() in ("none", "null") and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(raw, inner[0], key) if len(inner) == 1 else raw
+    if typ is bool:
+        low = raw.strip().lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"--set {key}={raw}: {key} expects true or false")
+    if typ in (int, float):
+        try:
+            return typ(raw)
+        except ValueError:
+            raise ValueError(f"--set {key}={raw}: {key} expects {'an integer' if typ is int else 'a number'}, "
+                             f"got {raw!r}") from None
+    if origin is tuple:
+        items = json.loads(raw) if raw.strip().startswith("[") else [x.strip() for x in raw.split(",") if x.strip()]
+        return tuple(_convert(str(x), args[0], key) for x in items)
+    return raw
+
+
+def parse_settings(name: str, pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` strings → a method's config overrides, each parsed to its field's type."""
+    cls = method_class(name).config_class
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        if key not in fields:
+            raise ValueError(f"method {name!r} has no setting {key!r}; valid: {sorted(fields)}")
+        out[key] = _convert(raw, hints[key], key)
+    return out
+
+
+def describe_methods() -> str:
+    """Every registered method with its settings and their (papers') defaults, for --help."""
+    lines = ["methods and their settings (--method NAME --set KEY=VALUE; defaults follow the papers):"]
+    for name in sorted(REGISTRY):
+        cls = method_class(name)
+        defaults = dataclasses.asdict(cls.config_class())
+        settings = ", ".join(f"{k}={v}" for k, v in defaults.items()) or "(none)"
+        lines.append(f"  {name}: {settings}")
+    return "\n".join(lines)
+
+
 def merge_parts(parts: list[QueryState]) -> QueryState:
     """Re-join a query's fanned-out parts: part order, traces merged, parts in scratch."""
     if not parts:
@@ -128,10 +182,8 @@ def merge_parts(parts: list[QueryState]) -> QueryState:
     expected = parts[0].parts
     if [p.part for p in parts] != list(range(expected)):
         raise ValueError(f"query {parts[0].id}: have parts {[p.part for p in parts]} of {expected}")
-    merged = copy.deepcopy(parts[0])
-    merged.trace = Trace()
+    merged = dataclasses.replace(parts[0], part=0, parts=1, trace=Trace(),
+                                 scratch={**parts[0].scratch, "parts": parts})
     for p in parts:
         merged.trace.merge(p.trace)
-    merged.part, merged.parts = 0, 1
-    merged.scratch["parts"] = parts
     return merged

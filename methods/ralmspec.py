@@ -102,10 +102,10 @@ class RaLMSpecLoop:
             while len(round_) < stride and not (round_ and round_[-1].finished):
                 round_.append(await speculate())
             verify_start = time.perf_counter()
-            verification = asyncio.ensure_future(steps.search_many([s.query for s in round_]))
+            verification = ctx.spawn(steps.search_many([s.query for s in round_]))
             extra = None
             if cfg.async_verification and not round_[-1].finished:
-                extra = asyncio.ensure_future(speculate())
+                extra = ctx.spawn(speculate())
             try:
                 truths = await verification
             except BaseException:

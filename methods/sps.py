@@ -87,7 +87,7 @@ class StagedLoop:
                 # documents for stage n+1, from the whole answer so far, fetched while chunk n is written
                 info = {"query": f"{q['question']} {ctx.detokenize(answer)}", "for_stage": n + 1,
                         "start": clock() - t0}
-                task = asyncio.create_task(self._retrieve(ctx, info, t0))
+                task = ctx.spawn(self._retrieve(ctx, info, t0))
             record["gen_start"] = clock() - t0
             subsets, candidates = await self._candidates(item, ctx, docs, answer, min(c.chunk_tokens, limit - len(answer)),
                                                          rng)

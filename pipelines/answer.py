@@ -1,8 +1,11 @@
 """`specrag answer`: queries.parquet → the method's stages → results + dead letters + manifest.
 
-The Beam graph spells out the method: ReadQueries → ValidateQueries → KeyByQuery → one
-named RunStage per stage (Retrieve, Generate, ... ) → WriteResults, with every rejected
-row or failed query flattened into WriteDeadLetters.
+The Beam graph spells out the method: ReadQueries → ValidateQueries (keyed by id: the
+shuffle that spreads queries over workers) → one fused ParDo per segment of stages, named
+after them (``Retrieve+Generate``; a keyed GatherParts before a segment that re-joins
+fanned-out parts, e.g. ``Retrieve+SampleSubsets+Draft+Verify`` → GatherParts → ``Select``)
+→ WriteResults, with every rejected row or failed query flattened into WriteDeadLetters.
+A run whose dead-letter share exceeds ``max_failure_fraction`` fails after writing everything.
 """
 from __future__ import annotations
 
@@ -14,7 +17,10 @@ from typing import Any
 import apache_beam as beam
 import pyarrow.parquet as pq
 from apache_beam.io.parquetio import WriteToParquet
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.utils.shared import Shared
 
 from specrag.methods.base import Method, QueryState
 from specrag.schemas.tables import DEAD_LETTERS, RESULTS
@@ -23,7 +29,7 @@ from specrag.pipelines.manifest import write_manifest
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.records import result_row
 from specrag.transforms.runtime import RuntimeConfig
-from specrag.transforms.stages import RunStage
+from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
 from specrag.transforms.validate import ValidateRows
 
 
@@ -35,17 +41,53 @@ class AnswerJob:
     runtime: RuntimeConfig
     batch_size: int = 16
     num_shards: int = 4
-    max_wait_s: float | None = None
     gather_timeout_s: float | None = None
     beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)
     resume: bool = False
+    overwrite: bool = False
+    # streaming: queries admitted into the per-process engine as they arrive;
+    # fixed-batch: the earlier shard → batch → drain-one-batch execution (for comparisons)
+    execution: str = "streaming"
+    max_failure_fraction: float = 0.5
     extra_manifest: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         self.runtime.validate(self.method.model_roles, self.method.needs_retriever, self.method.needs_datastore)
         if self.batch_size < 1 or self.num_shards < 1:
             raise ValueError("batch_size and num_shards must be >= 1")
+        if not 0.0 <= self.max_failure_fraction <= 1.0:
+            raise ValueError(f"max_failure_fraction must be in [0, 1], got {self.max_failure_fraction}")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite exclude each other")
         expand_inputs(self.queries)
+
+
+class RunFailed(RuntimeError):
+    """The run wrote its outputs, but too many queries ended as dead letters."""
+
+
+def _count(metric: str):
+    counter = Metrics.counter(NAMESPACE, metric)
+
+    def inc(element):
+        counter.inc()
+        return element
+    return inc
+
+
+def _count_dead(row: dict) -> dict:
+    Metrics.counter(NAMESPACE, f"dead_letters.{row['stage']}.{row['error_type']}").inc()
+    return row
+
+
+def _result_row(kv, name: str, fingerprint: str) -> dict:
+    row = result_row(kv[1], name, fingerprint)
+    counts = row["trace"]["counts"]
+    for key in ("model_calls", "prompt_tokens", "generated_tokens", "retrieval_calls"):
+        if counts.get(key):
+            Metrics.counter(NAMESPACE, key).inc(counts[key])
+    Metrics.counter(NAMESPACE, "answered").inc()
+    return row
 
 
 def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, done: frozenset[str] = frozenset(),
@@ -57,20 +99,23 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, done: frozenset[str]
         done_ids = p | "FinishedIds" >> beam.Create([done])
         valid = valid | "SkipFinished" >> beam.Filter(lambda q, ids: q["id"] not in ids,
                                                      ids=beam.pvalue.AsSingleton(done_ids))
-    keyed = valid | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q)))
+    keyed = (valid | "CountQueries" >> beam.Map(_count("queries_in"))
+             | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
     dead = [dead_rows]
-    for stage in job.method.stages():
-        keyed, stage_dead = keyed | stage.name >> RunStage(
-            stage, job.runtime, batch_size=job.batch_size, num_shards=job.num_shards,
-            max_wait_s=job.max_wait_s, gather_timeout_s=job.gather_timeout_s)
+    shared = Shared()  # one engine per worker process for every segment of the job
+    for segment in method_segments(job.method.stages()):
+        keyed, stage_dead = keyed | segment_label(segment) >> RunSegment(
+            segment, job.runtime, shared, execution=job.execution, batch_size=job.batch_size,
+            num_shards=job.num_shards, gather_timeout_s=job.gather_timeout_s)
         dead.extend(stage_dead)
     name, fp = job.method.name, job.method.fingerprint()
     (keyed
-     | "ToResultRows" >> beam.Map(lambda kv: result_row(kv[1], name, fp))
+     | "ToResultRows" >> beam.Map(_result_row, name, fp)
      | "WriteResults" >> WriteToParquet(str(out / f"results-{attempt:03d}"), RESULTS,
                                         file_name_suffix=".parquet"))
     (dead
      | "FlattenDeadLetters" >> beam.Flatten()
+     | "CountDeadLetters" >> beam.Map(_count_dead)
      | "WriteDeadLetters" >> WriteToParquet(str(out / f"dead_letters-{attempt:03d}"), DEAD_LETTERS,
                                             file_name_suffix=".parquet"))
 
@@ -93,12 +138,17 @@ def finished_ids(out: Path, fingerprint: str) -> tuple[frozenset[str], int]:
 def run_answer(job: AnswerJob) -> dict:
     """Validate the job, run it, write the manifest; returns the manifest.
 
-    Without ``resume`` earlier outputs in the folder are replaced. With it, queries that
-    already have results are skipped and only the rest run again (earlier dead letters
-    are replaced by this attempt's: they are retried).
+    A folder that already holds results is refused unless ``resume`` (queries that already
+    have results are skipped and only the rest run again; earlier dead letters are replaced
+    by this attempt's: they are retried) or ``overwrite`` (earlier outputs are deleted).
+    Raises RunFailed after writing everything when the dead-letter share of the input
+    exceeds ``max_failure_fraction``.
     """
     job.validate()
     out = Path(job.output)
+    if not (job.resume or job.overwrite) and list(out.glob("results-*.parquet")):
+        raise ValueError(f"{out} already holds results: pass --resume to complete that run, "
+                         "--overwrite to replace it, or choose another --output")
     out.mkdir(parents=True, exist_ok=True)
     done, attempt = finished_ids(out, job.method.fingerprint()) if job.resume else (frozenset(), 0)
     stale = list(out.glob("dead_letters-*.parquet"))
@@ -107,9 +157,13 @@ def run_answer(job: AnswerJob) -> dict:
     for old in stale:
         old.unlink()
     started = time.time()
-    with beam.Pipeline(options=PipelineOptions(list(job.beam_args))) as p:
-        build_answer_pipeline(p, job, done, attempt)
-    return write_manifest(out, {
+    p = beam.Pipeline(options=PipelineOptions(list(job.beam_args)))
+    build_answer_pipeline(p, job, done, attempt)
+    result = p.run()
+    result.wait_until_finish()
+    counters = _counters(result)
+    failed, inputs = _failure_share(out, attempt)
+    manifest = write_manifest(out, {
         "job": "answer",
         "method": job.method.name,
         "method_config": job.method.config.to_dict(),
@@ -120,5 +174,40 @@ def run_answer(job: AnswerJob) -> dict:
         "inputs": dataset_fingerprint(expand_inputs(job.queries)),
         "resumed": {"attempt": attempt, "skipped_finished": len(done)} if job.resume else None,
         "wall_s": round(time.time() - started, 3),
+        "execution": job.execution, "max_in_flight": job.runtime.engine.max_in_flight,
+        "counters": counters,
+        "dead_letter_share": round(failed / inputs, 6) if inputs else 0.0,
+        "max_failure_fraction": job.max_failure_fraction,
         **job.extra_manifest,
     })
+    if inputs and failed / inputs > job.max_failure_fraction:
+        raise RunFailed(f"{failed} of {inputs} queries of this attempt ended as dead letters "
+                        f"({failed / inputs:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
+                        f"outputs and manifest are in {out}")
+    return manifest
+
+
+def _counters(result) -> dict[str, int]:
+    """The job's specrag counters (committed values where the runner has them)."""
+    try:
+        metrics = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
+    except Exception:  # a runner without metrics support
+        return {}
+    out: dict[str, int] = {}
+    for c in metrics["counters"]:
+        value = c.committed if c.committed is not None else c.attempted
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    return dict(sorted(out.items()))
+
+
+def _failure_share(out: Path, attempt: int) -> tuple[int, int]:
+    """(ids in this attempt's dead letters, ids this attempt handled) from its output files."""
+    ids: set = set()
+    no_id = 0  # rows rejected before they had an id count one each
+    for f in out.glob(f"dead_letters-{attempt:03d}*.parquet"):
+        for qid in pq.read_table(f, columns=["id"]).column("id").to_pylist():
+            no_id += qid is None
+            ids.add(qid)
+    failed = len(ids - {None}) + no_id
+    answered = sum(pq.ParquetFile(f).metadata.num_rows for f in out.glob(f"results-{attempt:03d}*.parquet"))
+    return failed, failed + answered

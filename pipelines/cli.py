@@ -1,7 +1,8 @@
 """The `specrag` command: import-data, build-index, build-datastore, answer, evaluate, demo.
 
 Arguments the command does not know are passed to Beam as pipeline options (for example
-``--runner=PortableRunner --job_endpoint=...``); the default runner is the FnApiRunner.
+``--runner=PortableRunner --job_endpoint=...``); one that neither specrag nor any Beam
+options class knows is an error. The default runner is the FnApiRunner.
 """
 from __future__ import annotations
 
@@ -16,24 +17,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights come from installed pack
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def unknown_beam_flags(args: list[str]) -> list[str]:
+    """Flags no Beam PipelineOptions class defines (Beam itself would drop them silently)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    seen: dict[str, type] = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # noqa: SLF001 (how Beam itself collects its options)
+    _, unknown = parser.parse_known_args(list(args))
+    return [a for a in unknown if a.startswith("-")]
+
+
 def _beam_args(extra: list[str]) -> tuple[str, ...]:
+    unknown = unknown_beam_flags(extra)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}: neither specrag nor Beam defines them "
+                         "(see `specrag COMMAND --help`; Beam options are listed in its PipelineOptions)")
     if not any(a.startswith("--runner") for a in extra):
         extra = ["--runner=FnApiRunner", *extra]
     return tuple(extra)
-
-
-def _method_config(pairs: list[str]) -> dict:
-    """--set key=value (JSON values: numbers, true/false, null; anything else is a string)."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--set expects key=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def _runtime(args):
@@ -50,7 +54,8 @@ def _runtime(args):
                               retries=args.triton_retries)
     return RuntimeConfig(backend=args.backend, models=tuple(sorted(models.items())),
                          index_dir=args.index, retriever=args.retriever, num_threads=args.threads, dtype=args.dtype,
-                         engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait),
+                         engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait,
+                                             max_in_flight=getattr(args, "max_in_flight", 64)),
                          triton=triton, datastore_dir=args.datastore, datastore_kind=args.datastore_kind)
 
 
@@ -83,13 +88,19 @@ def cmd_build_datastore(args, extra) -> int:
 
 def cmd_answer(args, extra) -> int:
     from specrag.methods import create_method
-    from specrag.pipelines.answer import AnswerJob, run_answer
-    method = create_method(args.method, **_method_config(args.set or []))
+    from specrag.methods.base import parse_settings
+    from specrag.pipelines.answer import AnswerJob, RunFailed, run_answer
+    method = create_method(args.method, **parse_settings(args.method, args.set or []))
     runtime = _runtime(args).with_roles(method.model_roles)
     job = AnswerJob(args.queries, args.output, method, runtime, batch_size=args.batch_size,
                     num_shards=args.shards, beam_args=_beam_args(extra), resume=args.resume,
-                    gather_timeout_s=args.gather_timeout)
-    manifest = run_answer(job)
+                    overwrite=args.overwrite, execution=args.execution,
+                    max_failure_fraction=args.max_failure_fraction, gather_timeout_s=args.gather_timeout)
+    try:
+        manifest = run_answer(job)
+    except RunFailed as e:
+        print(f"specrag answer: failed: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {args.output} ({manifest['wall_s']} s); manifest: {Path(args.output) / 'manifest.json'}")
     return 0
 
@@ -136,9 +147,25 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-wait", type=float, default=0.005, help="max seconds a request waits for a batch")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Builds an expensive epilog (every method's settings) only when help is shown."""
+
+    epilog_fn = None
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None and self.epilog is None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
+def _methods_epilog() -> str:
+    from specrag.methods.base import describe_methods
+    return describe_methods()
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specrag", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("import-data", help="native benchmark formats → queries/corpus Parquet")
     p.add_argument("--data-dir", default=os.environ.get("SPECRAG_DATA", "../shared/data"))
@@ -168,13 +195,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     p.set_defaults(fn=cmd_build_datastore)
 
-    p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)")
+    p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.epilog_fn = _methods_epilog
     p.add_argument("--queries", required=True, help="Parquet file or glob")
     p.add_argument("--output", required=True, help="output folder")
-    p.add_argument("--method", default="standard")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="method setting, e.g. top_k=5")
-    p.add_argument("--batch-size", type=int, default=16, help="queries per stage batch")
-    p.add_argument("--shards", type=int, default=4, help="shard keys for keyed batching")
+    p.add_argument("--method", default="standard", help="a registered method (listed below)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="method setting, parsed to the setting's type, e.g. top_k=5")
+    p.add_argument("--max-in-flight", type=int, default=64,
+                   help="queries running at once in one worker's engine (backpressure beyond)")
+    p.add_argument("--execution", default="streaming", choices=("streaming", "fixed-batch"),
+                   help="streaming: queries enter the per-worker engine as they arrive; "
+                        "fixed-batch: the earlier batch-at-a-time execution (for comparisons)")
+    p.add_argument("--batch-size", type=int, default=16, help="queries per batch (fixed-batch execution)")
+    p.add_argument("--shards", type=int, default=4, help="shard keys for keyed batching (fixed-batch execution)")
+    p.add_argument("--overwrite", action="store_true", help="replace the results already in --output")
+    p.add_argument("--max-failure-fraction", type=float, default=0.5,
+                   help="exit non-zero (after writing everything) when a larger share of queries fails")
     p.add_argument("--gather-timeout", type=float, default=None,
                    help="seconds a fanned-out query waits for all its parts before going to dead letters "
                         "(streaming; in batch runs the end of input expires incomplete queries)")
@@ -206,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(f"unexpected arguments: {unknown}")
     try:
         return args.fn(args, extra)
-    except (ValueError, FileNotFoundError, KeyError) as e:
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as e:
         print(f"specrag {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -46,8 +46,8 @@ def run_demo(workdir: Path, threads: int = 1, beam_args: tuple[str, ...] = ("--r
         method = create_method(name, **({"top_k": 3} if name == "standard" else {}))
         runtime = RuntimeConfig(index_dir=str(index), num_threads=threads).with_roles(method.model_roles)
         out = workdir / name
-        run_answer(AnswerJob(str(queries), str(out), method, runtime, batch_size=16, num_shards=2,
-                             beam_args=beam_args))
+        run_answer(AnswerJob(str(queries), str(out), method, runtime, beam_args=beam_args,
+                             overwrite=True))  # the demo starts afresh every time
         report = evaluate_run(out, str(queries))
         save_report(report, out / "evaluation.json")
         rows.extend(report["rows"])

@@ -70,17 +70,54 @@ def test_fan_out_parts_are_joined_by_query_id(tmp_path):
     rows = [{"id": f"q{i}", "question": f"question {i}"} for i in range(10)]
     rows.append({"id": "broken", "question": "break part 1"})
     job = AnswerJob(_queries(tmp_path / "q.parquet", rows), str(tmp_path / "out"), FanOutMethod(MethodConfig()),
-                    RuntimeConfig(models=()), batch_size=4, num_shards=3)
-    run_answer(job)
+                    RuntimeConfig(models=()), batch_size=4, num_shards=3, max_failure_fraction=0.1)
+    manifest = run_answer(job)
     results = {r["id"]: r for r in _read(tmp_path / "out", "results")}
     assert sorted(results) == sorted(f"q{i}" for i in range(10))
     assert all(r["answer"] == "part0+part1+part2" for r in results.values())
     assert all(r["trace"]["counts"]["model_calls"] == 3 for r in results.values())  # merged traces
     assert all(r["trace"]["counts"]["retrieval_calls"] == 1 for r in results.values())
     dead = _read(tmp_path / "out", "dead_letters")
-    assert {(d["id"], d["stage"]) for d in dead} == {("broken", "Work"), ("broken", "Join")}
-    join_dead = next(d for d in dead if d["stage"] == "Join")
-    assert "incomplete" in join_dead["message"] and "[0, 2] of 3" in join_dead["message"]
+    # FanOut and Work run fused: a failed part fails its query once, and no part reaches the join
+    assert [(d["id"], d["stage"], d["message"]) for d in dead] == [("broken", "Work", "part 1 failed")]
+    assert manifest["counters"]["FanOut.done"] == 11 and manifest["counters"]["Work.failed"] == 1
+    assert manifest["counters"]["Join.done"] == 10 and manifest["counters"]["answered"] == 10
+    assert manifest["counters"]["engines_started"] == 1
+
+
+def test_a_run_over_the_failure_threshold_fails_after_writing_everything(tmp_path):
+    from specrag.pipelines.answer import RunFailed
+    rows = [{"id": f"b{i}", "question": "break part 1"} for i in range(3)] + [{"id": "ok", "question": "fine"}]
+    job = lambda **kw: AnswerJob(_queries(tmp_path / "q.parquet", rows), str(tmp_path / "out"),
+                                 FanOutMethod(MethodConfig()), RuntimeConfig(models=()), **kw)
+    with pytest.raises(RunFailed, match="3 of 4 queries"):
+        run_answer(job())
+    assert len(_read(tmp_path / "out", "dead_letters")) == 3 and len(_read(tmp_path / "out", "results")) == 1
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["dead_letter_share"] == 0.75
+    with pytest.raises(ValueError, match="already holds results"):  # never silently replaced
+        run_answer(job(max_failure_fraction=1.0))
+    run_answer(job(max_failure_fraction=1.0, overwrite=True))
+
+
+def test_gather_parts_expires_incomplete_queries_and_keeps_no_state(tmp_path):
+    """A part arriving without its siblings (or after its query was emitted) is one dead letter."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+    from typing import Any, Tuple
+    from specrag.methods import QueryState
+    from specrag.transforms.batching import GatherParts
+    from specrag.transforms.records import DEAD
+
+    def part(qid, i, n):
+        return qid, QueryState(query={"id": qid, "question": "q"}).fork(i, n)
+    parts = [part("full", 0, 2), part("full", 1, 2), part("lone", 1, 3)]
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as p:
+        out = (p | beam.Create(parts) | beam.ParDo(GatherParts("Join")).with_input_types(
+            Tuple[str, Any]).with_outputs(DEAD, main="out"))
+        assert_that(out.out | beam.Map(lambda kv: (kv[0], len(kv[1].scratch["parts"]))), equal_to([("full", 2)]))
+        assert_that(out[DEAD] | beam.Map(lambda d: (d["id"], d["message"].split(" (")[0])),
+                    equal_to([("lone", "incomplete: input ended with parts [1] of 3")]), label="Dead")
 
 
 @pytest.mark.slow
@@ -97,7 +134,8 @@ def test_bad_rows_become_dead_letters_and_the_rest_is_answered(tmp_path):
                                                                       pa.binary())}), tmp_path / "part-2.parquet")
     method = create_method("no-retrieval", max_new_tokens=8)
     job = AnswerJob(str(tmp_path / "part-*.parquet"), str(tmp_path / "out"), method,
-                    RuntimeConfig().with_roles(method.model_roles), batch_size=2, num_shards=2)
+                    RuntimeConfig().with_roles(method.model_roles), batch_size=2, num_shards=2,
+                    max_failure_fraction=1.0)  # most rows are bad on purpose
     manifest = run_answer(job)
     results = _read(tmp_path / "out", "results")
     dead = _read(tmp_path / "out", "dead_letters")

@@ -8,8 +8,14 @@ at the end of the window (event-time timer: end of input in batch). Shard keys s
 workers; the batch is what the engine runs concurrently, so its model calls coalesce.
 
 ``GatherParts``: keyed by query id; buffers the parts of a fanned-out query and emits
-them merged once all ``parts`` have arrived. A query still incomplete when its window
-ends (or after ``timeout_s`` in streaming) goes to dead letters with what was missing.
+them merged once all ``parts`` have arrived, then clears all its state. A query still
+incomplete when its window ends (or after ``timeout_s`` in streaming) goes to dead letters
+with what was missing; a part arriving after its query was emitted starts no state that
+outlives the window: it expires the same way, as one dead letter.
+
+``BatchByKey`` remains for the fixed-batch execution (benchmarks compare against it) and
+keeps its own state instead of ``GroupIntoBatches``: GroupIntoBatches' buffering timer is
+processing-time, which the FnApiRunner never fires in batch mode.
 """
 from __future__ import annotations
 
@@ -82,7 +88,6 @@ class BatchByKey(beam.DoFn):
 class GatherParts(beam.DoFn):
     PARTS = BagStateSpec("parts", PickleCoder())
     SEEN = ReadModifyWriteStateSpec("seen", VarIntCoder())
-    EMITTED = ReadModifyWriteStateSpec("emitted", VarIntCoder())
     END_OF_WINDOW = TimerSpec("end_of_window", TimeDomain.WATERMARK)
     TIMEOUT = TimerSpec("timeout", TimeDomain.REAL_TIME)
 
@@ -92,15 +97,9 @@ class GatherParts(beam.DoFn):
 
     def process(self, element, window=beam.DoFn.WindowParam,
                 parts=beam.DoFn.StateParam(PARTS), seen=beam.DoFn.StateParam(SEEN),
-                emitted=beam.DoFn.StateParam(EMITTED),
                 end_of_window=beam.DoFn.TimerParam(END_OF_WINDOW),
                 timeout=beam.DoFn.TimerParam(TIMEOUT)):
         qid, state = element
-        if emitted.read():
-            yield beam.pvalue.TaggedOutput(DEAD, dead_letter(
-                qid, self.stage, f"part {state.part} of {state.parts} arrived after the query "
-                                 "was complete (duplicate part)", state_raw(state)))
-            return
         n = (seen.read() or 0) + 1
         if n == 1:
             end_of_window.set(window.end)
@@ -111,7 +110,8 @@ class GatherParts(beam.DoFn):
         if n >= state.parts:
             collected = list(parts.read())
             parts.clear()
-            emitted.write(1)
+            seen.clear()
+            end_of_window.clear()
             if self.timeout_s:  # a pending processing-time timer would keep a batch run from finishing
                 timeout.clear()
             try:
@@ -121,21 +121,24 @@ class GatherParts(beam.DoFn):
 
     @on_timer(END_OF_WINDOW)
     def on_end_of_window(self, key=beam.DoFn.KeyParam, parts=beam.DoFn.StateParam(PARTS),
-                         timeout=beam.DoFn.TimerParam(TIMEOUT)):
+                         seen=beam.DoFn.StateParam(SEEN), timeout=beam.DoFn.TimerParam(TIMEOUT)):
         if self.timeout_s:
             timeout.clear()
-        yield from self._expire(key, parts, "input ended")
+        yield from self._expire(key, parts, seen, "input ended")
 
     @on_timer(TIMEOUT)
-    def on_timeout(self, key=beam.DoFn.KeyParam, parts=beam.DoFn.StateParam(PARTS)):
-        yield from self._expire(key, parts, f"timed out after {self.timeout_s}s")
+    def on_timeout(self, key=beam.DoFn.KeyParam, parts=beam.DoFn.StateParam(PARTS),
+                   seen=beam.DoFn.StateParam(SEEN), end_of_window=beam.DoFn.TimerParam(END_OF_WINDOW)):
+        end_of_window.clear()
+        yield from self._expire(key, parts, seen, f"timed out after {self.timeout_s}s")
 
-    def _expire(self, qid, parts, why: str):
+    def _expire(self, qid, parts, seen, why: str):
         collected = sorted(parts.read(), key=lambda s: s.part)
         parts.clear()
+        seen.clear()
         if collected:
             have = [s.part for s in collected]
             yield beam.pvalue.TaggedOutput(DEAD, dead_letter(
                 qid, self.stage, f"incomplete: {why} with parts {have} of {collected[0].parts} "
-                                 "(the missing parts failed earlier; see their dead letters)",
-                state_raw(collected[0])))
+                                 "(the missing parts failed earlier, or arrived after the query was "
+                                 "complete; see their dead letters)", state_raw(collected[0])))

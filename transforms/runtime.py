@@ -103,6 +103,11 @@ _SERVICES: dict[RuntimeConfig, Services] = {}
 _BACKENDS: dict[tuple, Any] = {}
 
 
+def models_loaded() -> int:
+    """Backends created in this process so far (each loads its weights once)."""
+    return len(_BACKENDS)
+
+
 def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
                  triton: TritonConfig | None = None):
     """One backend per (kind, model, settings) and process: weights load once per worker."""
