@@ -72,6 +72,33 @@ def model_spec(name: str) -> ModelSpec:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
 
 
+def model_identity(name: str) -> str:
+    """``name@sha256:...`` of the weight files the model loads from: results made with other
+    weights never pass for this model's. Hashes are memoised by (path, size, mtime)."""
+    import hashlib
+    import json
+    source = model_spec(name).locate()
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
+    memo_path = cache_dir() / "identities.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (FileNotFoundError, ValueError):
+        memo = {}
+    if key not in memo:
+        h = hashlib.sha256()
+        for p in files:
+            with open(p, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+        memo[key] = h.hexdigest()[:16]
+        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo))
+        tmp.replace(memo_path)
+    return f"{name}@sha256:{memo[key]}"
+
+
 def materialise(name: str) -> Path:
     """Return a transformers folder for the model, converting GGUF once (process-safe)."""
     spec = model_spec(name)

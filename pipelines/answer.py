@@ -9,6 +9,7 @@ A run whose dead-letter share exceeds ``max_failure_fraction`` fails after writi
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,7 @@ def _result_row(kv, name: str, fingerprint: str) -> dict:
 
 
 def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, done: frozenset[str] = frozenset(),
-                          attempt: int = 0) -> None:
+                          attempt: int = 0, fingerprint: str | None = None) -> None:
     out = Path(job.output)
     rows = p | "ReadQueries" >> ReadParquetRows(job.queries)
     valid, dead_rows = rows | "ValidateQueries" >> ValidateRows(validate_query)
@@ -108,7 +109,7 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, done: frozenset[str]
             segment, job.runtime, shared, execution=job.execution, batch_size=job.batch_size,
             num_shards=job.num_shards, gather_timeout_s=job.gather_timeout_s)
         dead.extend(stage_dead)
-    name, fp = job.method.name, job.method.fingerprint()
+    name, fp = job.method.name, fingerprint or run_fingerprint(run_identity(job))
     (keyed
      | "ToResultRows" >> beam.Map(_result_row, name, fp)
      | "WriteResults" >> WriteToParquet(str(out / f"results-{attempt:03d}"), RESULTS,
@@ -118,6 +119,47 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, done: frozenset[str]
      | "CountDeadLetters" >> beam.Map(_count_dead)
      | "WriteDeadLetters" >> WriteToParquet(str(out / f"dead_letters-{attempt:03d}"), DEAD_LETTERS,
                                             file_name_suffix=".parquet"))
+
+
+IDENTITY_FILE = "identity.json"
+
+
+def run_identity(job: AnswerJob) -> dict[str, Any]:
+    """Everything that decides a query's result: method and settings, models (weight hashes),
+    backend, dtype, retriever and index, datastore, prompt templates."""
+    import hashlib
+    import inspect
+    from specrag.methods import prompts
+    return {"method": job.method.name, "method_config": job.method.config.to_dict(), **job.runtime.identity(),
+            "prompts": hashlib.sha256(inspect.getsource(prompts).encode()).hexdigest()[:16]}
+
+
+def run_fingerprint(identity: dict[str, Any]) -> str:
+    import hashlib
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def identity_differences(earlier: dict, now: dict, prefix: str = "") -> list[str]:
+    """'key: earlier -> now' for every part that differs (nested keys joined by dots)."""
+    out = []
+    for key in sorted(set(earlier) | set(now), key=str):
+        a, b = earlier.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += identity_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def check_resumable(out: Path, identity: dict[str, Any]) -> None:
+    """Refuse to resume a folder whose earlier run had another identity, saying what differs."""
+    path = out / IDENTITY_FILE
+    if not path.exists():
+        return
+    diffs = identity_differences(json.loads(path.read_text()), json.loads(json.dumps(identity, default=str)))
+    if diffs:
+        raise ValueError(f"cannot resume {out}: its results were made with a different run identity "
+                         f"({'; '.join(diffs)}); use the same settings, --overwrite, or a new --output")
 
 
 def finished_ids(out: Path, fingerprint: str) -> tuple[frozenset[str], int]:
@@ -149,8 +191,14 @@ def run_answer(job: AnswerJob) -> dict:
     if not (job.resume or job.overwrite) and list(out.glob("results-*.parquet")):
         raise ValueError(f"{out} already holds results: pass --resume to complete that run, "
                          "--overwrite to replace it, or choose another --output")
+    identity = run_identity(job)
+    fingerprint = run_fingerprint(identity)
+    if job.resume:
+        check_resumable(out, identity)
     out.mkdir(parents=True, exist_ok=True)
-    done, attempt = finished_ids(out, job.method.fingerprint()) if job.resume else (frozenset(), 0)
+    # written before the run: a killed run can still only be resumed with the same identity
+    (out / IDENTITY_FILE).write_text(json.dumps(identity, indent=2, sort_keys=True, default=str))
+    done, attempt = finished_ids(out, fingerprint) if job.resume else (frozenset(), 0)
     stale = list(out.glob("dead_letters-*.parquet"))
     if not job.resume:
         stale += list(out.glob("results-*.parquet"))
@@ -158,7 +206,7 @@ def run_answer(job: AnswerJob) -> dict:
         old.unlink()
     started = time.time()
     p = beam.Pipeline(options=PipelineOptions(list(job.beam_args)))
-    build_answer_pipeline(p, job, done, attempt)
+    build_answer_pipeline(p, job, done, attempt, fingerprint)
     result = p.run()
     result.wait_until_finish()
     counters = _counters(result)
@@ -167,7 +215,9 @@ def run_answer(job: AnswerJob) -> dict:
         "job": "answer",
         "method": job.method.name,
         "method_config": job.method.config.to_dict(),
-        "config_fingerprint": job.method.fingerprint(),
+        "config_fingerprint": fingerprint,
+        "method_fingerprint": job.method.fingerprint(),
+        "identity": identity,
         "runtime": job.runtime.to_dict(),
         "batch_size": job.batch_size, "num_shards": job.num_shards,
         "beam_args": list(job.beam_args),

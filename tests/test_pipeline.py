@@ -210,3 +210,19 @@ def test_resume_answers_only_unfinished_queries(tmp_path):
     assert sorted(r["id"] for r in results) == [f"q{i}" for i in range(6)]  # each once
     assert sorted(f.name.split("-")[1] for f in (tmp_path / "out").glob("results-*.parquet")) == ["000", "001"]
     assert [d["id"] for d in _read(tmp_path / "out", "dead_letters")] == ["bad"]  # replaced, not doubled
+
+
+def test_resume_with_another_identity_is_refused_with_the_reason(tmp_path):
+    from specrag.pipelines.answer import check_resumable, run_identity
+    rows = [{"id": f"q{i}", "question": f"question {i}"} for i in range(3)]
+    path = _queries(tmp_path / "q.parquet", rows)
+    job = lambda runtime, **kw: AnswerJob(path, str(tmp_path / "out"), FanOutMethod(MethodConfig()), runtime, **kw)
+    first = run_answer(job(RuntimeConfig(models=())))
+    with pytest.raises(ValueError, match=r"dtype: 'float32' -> 'bfloat16'"):
+        run_answer(job(RuntimeConfig(models=(), dtype="bfloat16"), resume=True))
+    generator = RuntimeConfig(models=(("generator", "smollm2-135m-instruct"),))
+    with pytest.raises(ValueError, match=r"models.generator: None -> 'smollm2-135m-instruct@sha256:[0-9a-f]{16}'"):
+        check_resumable(tmp_path / "out", run_identity(job(generator)))
+    again = run_answer(job(RuntimeConfig(models=()), resume=True))  # same identity: nothing left to do
+    assert again["config_fingerprint"] == first["config_fingerprint"]
+    assert again["resumed"] == {"attempt": 1, "skipped_finished": 3}

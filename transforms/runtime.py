@@ -97,6 +97,27 @@ class RuntimeConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs' results comparable: models (weight hashes), backend, dtype,
+        retriever with its index fingerprint, datastore fingerprint."""
+        from specrag.inference.models import model_identity
+        models = {role: (f"triton:{name}" if self.backend == "triton" else model_identity(name))
+                  for role, name in sorted(self.models)}
+        return {"models": models, "backend": self.backend, "dtype": self.dtype,
+                "retriever": self.retriever if self.index_dir else None,
+                "index": _folder_fingerprint(self.index_dir),
+                "datastore": _folder_fingerprint(self.datastore_dir),
+                "datastore_kind": self.datastore_kind if self.datastore_dir else None}
+
+
+def _folder_fingerprint(folder: str | None) -> str | None:
+    """An index or datastore is identified by its manifest (corpus fingerprint, kinds, parameters)."""
+    if not folder:
+        return None
+    import hashlib
+    manifest = Path(folder) / "manifest.json"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.exists() else None
+
 
 _LOCK = threading.Lock()
 _SERVICES: dict[RuntimeConfig, Services] = {}
