@@ -1,28 +1,25 @@
 """Join results with gold queries and aggregate metrics per dataset and method."""
 from __future__ import annotations
 
-import glob
 import json
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from specrag.evaluation.metrics import RECALL_AT, TASK_METRICS, recall_at, score_row
+from specrag.transforms.files import join, match_files, read_parquet, write_text
 
 
 def _read(pattern: str) -> list[dict]:
-    files = sorted(glob.glob(pattern))
     rows = []
-    for f in files:
-        rows.extend(pq.read_table(f).to_pylist())
+    for f in match_files(pattern):
+        rows.extend(read_parquet(f).to_pylist())
     return rows
 
 
-def evaluate_run(results_dir: Path, queries: str) -> dict:
-    """Metrics per (dataset, method) for one run folder; missing gold is an error."""
-    results = _read(str(Path(results_dir) / "results-*.parquet"))
-    dead = _read(str(Path(results_dir) / "dead_letters-*.parquet"))
+def evaluate_run(results_dir: Path | str, queries: str) -> dict:
+    """Metrics per (dataset, method) for one run folder (any FileSystems path); missing gold is an error."""
+    results = _read(join(str(results_dir), "results-*.parquet"))
+    dead = _read(join(str(results_dir), "dead_letters-*.parquet"))
     gold = {q["id"]: q for q in _read(queries)}
     if not gold:
         raise FileNotFoundError(f"no gold queries found at {queries}")
@@ -59,7 +56,7 @@ def evaluate_run(results_dir: Path, queries: str) -> dict:
         with_gold = sums[key].get("_with_gold", 0)
         if with_gold:
             metrics.update({f"recall@{k}": round(100 * sums[key][f"recall@{k}"] / with_gold, 2) for k in RECALL_AT})
-        rows.append({"run": Path(results_dir).name, "dataset": dataset, "method": method, "task_type": task, "n": n,
+        rows.append({"run": str(results_dir).rstrip("/").rsplit("/", 1)[-1], "dataset": dataset, "method": method, "task_type": task, "n": n,
                      "dead_letters": dead_by_dataset.get(dataset, 0), **metrics,
                      "mean_latency_s": round(sum(lat) / n, 3), "median_latency_s": round(lat[n // 2], 3)})
     return {"results_dir": str(results_dir), "rows": rows, "dead_letters": len(dead),
@@ -88,5 +85,5 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths]), *(line(x) for x in cells)])
 
 
-def save_report(report: dict, path: Path) -> None:
-    path.write_text(json.dumps(report, indent=2))
+def save_report(report: dict, path: Path | str) -> None:
+    write_text(str(path), json.dumps(report, indent=2))

@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-import pyarrow.parquet as pq
-from apache_beam.io.parquetio import WriteToParquet
+from apache_beam.io.parquetio import ReadAllFromParquet
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -27,7 +25,9 @@ from specrag.methods.base import Method, QueryState
 from specrag.schemas.tables import DEAD_LETTERS, RESULTS
 from specrag.schemas.validation import validate_query
 from specrag.pipelines.manifest import write_manifest
+from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.records import result_row
 from specrag.transforms.runtime import RuntimeConfig
 from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
@@ -50,6 +50,8 @@ class AnswerJob:
     # fixed-batch: the earlier shard → batch → drain-one-batch execution (for comparisons)
     execution: str = "streaming"
     max_failure_fraction: float = 0.5
+    shard_rows: int = 1000  # results/dead letters written in shards of this many rows as they finish
+    bad_files: str = "fail"  # or "dead-letter": an unreadable input file becomes one dead letter
     extra_manifest: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -91,18 +93,24 @@ def _result_row(kv, name: str, fingerprint: str) -> dict:
     return row
 
 
-def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, done: frozenset[str] = frozenset(),
+def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list[str] = (),
                           attempt: int = 0, fingerprint: str | None = None) -> None:
-    out = Path(job.output)
-    rows = p | "ReadQueries" >> ReadParquetRows(job.queries)
-    valid, dead_rows = rows | "ValidateQueries" >> ValidateRows(validate_query)
-    if done:
-        done_ids = p | "FinishedIds" >> beam.Create([done])
-        valid = valid | "SkipFinished" >> beam.Filter(lambda q, ids: q["id"] not in ids,
-                                                     ids=beam.pvalue.AsSingleton(done_ids))
+    """The job's graph. ``finished_files``: earlier results, read by the job itself and
+    anti-joined with the input by id in the validation's GroupById (no ids in the graph)."""
+    out = job.output
+    read = ReadParquetRows(job.queries, job.bad_files)
+    rows = p | "ReadQueries" >> read
+    finished = None
+    if finished_files:
+        finished = (p | "FinishedFiles" >> beam.Create(list(finished_files))
+                    | "ReadFinished" >> ReadAllFromParquet(columns=["id"])
+                    | "FinishedIds" >> beam.Map(lambda r: r["id"]))
+    valid, dead_rows = rows | "ValidateQueries" >> ValidateRows(validate_query, finished=finished)
     keyed = (valid | "CountQueries" >> beam.Map(_count("queries_in"))
              | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
     dead = [dead_rows]
+    if read.bad:
+        dead.append(read.dead_letters(p))
     shared = Shared()  # one engine per worker process for every segment of the job
     for segment in method_segments(job.method.stages()):
         keyed, stage_dead = keyed | segment_label(segment) >> RunSegment(
@@ -112,13 +120,13 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, done: frozenset[str]
     name, fp = job.method.name, fingerprint or run_fingerprint(run_identity(job))
     (keyed
      | "ToResultRows" >> beam.Map(_result_row, name, fp)
-     | "WriteResults" >> WriteToParquet(str(out / f"results-{attempt:03d}"), RESULTS,
-                                        file_name_suffix=".parquet"))
+     | "WriteResults" >> WriteParquetShards(join(out, f"results-{attempt:03d}"), RESULTS,
+                                            job.shard_rows, counter="results"))
     (dead
      | "FlattenDeadLetters" >> beam.Flatten()
      | "CountDeadLetters" >> beam.Map(_count_dead)
-     | "WriteDeadLetters" >> WriteToParquet(str(out / f"dead_letters-{attempt:03d}"), DEAD_LETTERS,
-                                            file_name_suffix=".parquet"))
+     | "WriteDeadLetters" >> WriteParquetShards(join(out, f"dead_letters-{attempt:03d}"), DEAD_LETTERS,
+                                                job.shard_rows, counter="dead_letters"))
 
 
 IDENTITY_FILE = "identity.json"
@@ -151,30 +159,28 @@ def identity_differences(earlier: dict, now: dict, prefix: str = "") -> list[str
     return out
 
 
-def check_resumable(out: Path, identity: dict[str, Any]) -> None:
+def check_resumable(out: str, identity: dict[str, Any]) -> None:
     """Refuse to resume a folder whose earlier run had another identity, saying what differs."""
-    path = out / IDENTITY_FILE
-    if not path.exists():
+    path = join(out, IDENTITY_FILE)
+    if not exists(path):
         return
-    diffs = identity_differences(json.loads(path.read_text()), json.loads(json.dumps(identity, default=str)))
+    diffs = identity_differences(json.loads(read_text(path)), json.loads(json.dumps(identity, default=str)))
     if diffs:
         raise ValueError(f"cannot resume {out}: its results were made with a different run identity "
                          f"({'; '.join(diffs)}); use the same settings, --overwrite, or a new --output")
 
 
-def finished_ids(out: Path, fingerprint: str) -> tuple[frozenset[str], int]:
-    """Ids answered by earlier attempts of the same method config, and the next attempt number."""
-    files = sorted(out.glob("results-*.parquet"))
-    ids: set[str] = set()
+def finished_files(out: str, fingerprint: str) -> tuple[list[str], int]:
+    """Earlier attempts' result files (same run fingerprint only) and the next attempt number."""
+    files = match_files(join(out, "results-*.parquet"))
     for f in files:
-        t = pq.read_table(f, columns=["id", "config_fingerprint"])
-        other = set(t.column("config_fingerprint").to_pylist()) - {fingerprint}
+        column = read_parquet(f, columns=["config_fingerprint"]).column("config_fingerprint")
+        other = set(column.unique().to_pylist()) - {fingerprint}
         if other:
             raise ValueError(f"{out} holds results of another configuration ({sorted(other)}); "
-                             "resume only with the same method settings, or use a new --output")
-        ids.update(t.column("id").to_pylist())
-    attempts = [int(f.name.split("-")[1]) for f in files if f.name.split("-")[1].isdigit()]
-    return frozenset(ids), (max(attempts) + 1 if attempts else 0)
+                             "resume only with the same settings, or use a new --output")
+    attempts = [int(n.split("-")[1]) for n in (f.rsplit("/", 1)[-1] for f in files) if n.split("-")[1].isdigit()]
+    return files, (max(attempts) + 1 if attempts else 0)
 
 
 def run_answer(job: AnswerJob) -> dict:
@@ -187,23 +193,22 @@ def run_answer(job: AnswerJob) -> dict:
     exceeds ``max_failure_fraction``.
     """
     job.validate()
-    out = Path(job.output)
-    if not (job.resume or job.overwrite) and list(out.glob("results-*.parquet")):
+    out = job.output
+    if not (job.resume or job.overwrite) and match_files(join(out, "results-*.parquet")):
         raise ValueError(f"{out} already holds results: pass --resume to complete that run, "
                          "--overwrite to replace it, or choose another --output")
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
     if job.resume:
         check_resumable(out, identity)
-    out.mkdir(parents=True, exist_ok=True)
+    mkdirs(out)
     # written before the run: a killed run can still only be resumed with the same identity
-    (out / IDENTITY_FILE).write_text(json.dumps(identity, indent=2, sort_keys=True, default=str))
-    done, attempt = finished_ids(out, fingerprint) if job.resume else (frozenset(), 0)
-    stale = list(out.glob("dead_letters-*.parquet"))
+    write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
+    done, attempt = finished_files(out, fingerprint) if job.resume else ([], 0)
+    stale = match_files(join(out, "dead_letters-*.parquet")) + match_files(join(out, ".*.inprogress"))
     if not job.resume:
-        stale += list(out.glob("results-*.parquet"))
-    for old in stale:
-        old.unlink()
+        stale += match_files(join(out, "results-*.parquet"))
+    delete(stale)
     started = time.time()
     p = beam.Pipeline(options=PipelineOptions(list(job.beam_args)))
     build_answer_pipeline(p, job, done, attempt, fingerprint)
@@ -222,7 +227,8 @@ def run_answer(job: AnswerJob) -> dict:
         "batch_size": job.batch_size, "num_shards": job.num_shards,
         "beam_args": list(job.beam_args),
         "inputs": dataset_fingerprint(expand_inputs(job.queries)),
-        "resumed": {"attempt": attempt, "skipped_finished": len(done)} if job.resume else None,
+        "resumed": {"attempt": attempt, "skipped_finished": counters.get("skipped_finished", 0)}
+        if job.resume else None,
         "wall_s": round(time.time() - started, 3),
         "execution": job.execution, "max_in_flight": job.runtime.engine.max_in_flight,
         "counters": counters,
@@ -250,14 +256,15 @@ def _counters(result) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _failure_share(out: Path, attempt: int) -> tuple[int, int]:
-    """(ids in this attempt's dead letters, ids this attempt handled) from its output files."""
+def _failure_share(out: str, attempt: int) -> tuple[int, int]:
+    """(queries in this attempt's dead letters, queries this attempt handled) from its files."""
     ids: set = set()
     no_id = 0  # rows rejected before they had an id count one each
-    for f in out.glob(f"dead_letters-{attempt:03d}*.parquet"):
-        for qid in pq.read_table(f, columns=["id"]).column("id").to_pylist():
+    for f in match_files(join(out, f"dead_letters-{attempt:03d}-*.parquet")):
+        for qid in read_parquet(f, columns=["id"]).column("id").to_pylist():
             no_id += qid is None
             ids.add(qid)
     failed = len(ids - {None}) + no_id
-    answered = sum(pq.ParquetFile(f).metadata.num_rows for f in out.glob(f"results-{attempt:03d}*.parquet"))
+    answered = len({i for f in match_files(join(out, f"results-{attempt:03d}-*.parquet"))
+                    for i in read_parquet(f, columns=["id"]).column("id").to_pylist()})
     return failed, failed + answered

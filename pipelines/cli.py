@@ -95,7 +95,8 @@ def cmd_answer(args, extra) -> int:
     job = AnswerJob(args.queries, args.output, method, runtime, batch_size=args.batch_size,
                     num_shards=args.shards, beam_args=_beam_args(extra), resume=args.resume,
                     overwrite=args.overwrite, execution=args.execution,
-                    max_failure_fraction=args.max_failure_fraction, gather_timeout_s=args.gather_timeout)
+                    max_failure_fraction=args.max_failure_fraction, gather_timeout_s=args.gather_timeout,
+                    shard_rows=args.shard_rows, bad_files=args.bad_files)
     try:
         manifest = run_answer(job)
     except RunFailed as e:
@@ -107,11 +108,12 @@ def cmd_answer(args, extra) -> int:
 
 def cmd_evaluate(args, extra) -> int:
     from specrag.evaluation.report import evaluate_run, format_table, save_report
+    from specrag.transforms.files import join
     rows = []
     for run in args.runs:
-        report = evaluate_run(Path(run), args.queries)
+        report = evaluate_run(run, args.queries)
         rows.extend(report["rows"])
-        save_report(report, Path(run) / "evaluation.json")
+        save_report(report, join(run, "evaluation.json"))
         cov = report["coverage"]
         print(f"{run}: {cov['answered']} answered, {cov['dead_letter_ids']} dead letters, {cov['missing']} missing, "
               f"{cov['duplicate_results']} duplicate results, {cov['in_results_and_dead_letters']} in both "
@@ -211,6 +213,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, help="queries per batch (fixed-batch execution)")
     p.add_argument("--shards", type=int, default=4, help="shard keys for keyed batching (fixed-batch execution)")
     p.add_argument("--overwrite", action="store_true", help="replace the results already in --output")
+    p.add_argument("--shard-rows", type=int, default=1000,
+                   help="results are written in Parquet shards of this many rows as queries finish "
+                        "(what a killed run keeps for --resume)")
+    p.add_argument("--bad-files", default="fail", choices=("fail", "dead-letter"),
+                   help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
+                        "dead letter naming it while the other files are answered")
     p.add_argument("--max-failure-fraction", type=float, default=0.5,
                    help="exit non-zero (after writing everything) when a larger share of queries fails")
     p.add_argument("--gather-timeout", type=float, default=None,

@@ -22,8 +22,10 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write_manifest(out_dir: Path, content: dict, name: str = "manifest.json") -> dict:
+def write_manifest(out_dir: Path | str, content: dict, name: str = "manifest.json") -> dict:
+    """Written through Beam's FileSystems: the output folder may be on gs:// or s3://."""
+    from specrag.transforms.files import join, write_text
     manifest = {"written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "versions": versions(), **content}
-    (Path(out_dir) / name).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    write_text(join(str(out_dir), name), json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return manifest

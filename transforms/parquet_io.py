@@ -4,23 +4,40 @@
 so workers share them), and reads each group into dicts carrying ``_source`` =
 "file:row". The position gives duplicates a deterministic winner (the first row) and a
 dead letter a pointer back to its input. String columns are read as bytes so one row with
-invalid UTF-8 becomes one dead letter instead of an exception that kills the read.
+invalid UTF-8 becomes one dead letter instead of an exception that kills the read. Files
+are found and opened through Beam's FileSystems (any scheme); every file's footer is read at
+start, so a corrupt file is an error naming it before the job runs — or, with
+``bad_files="dead-letter"``, one dead letter naming it while the other files are answered.
 """
 from __future__ import annotations
 
-import glob
 from typing import Iterator
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from specrag.transforms.files import UnreadableInput, match_files, open_parquet, sha256_of
+from specrag.transforms.records import DEAD, dead_letter
+
+BAD_FILES = ("fail", "dead-letter")
 
 
 def expand_inputs(pattern: str) -> list[str]:
-    files = sorted(glob.glob(pattern)) or sorted(glob.glob(pattern.rstrip("/") + "/*.parquet"))
+    files = match_files(pattern) or match_files(pattern.rstrip("/") + "/*.parquet")
     if not files:
         raise FileNotFoundError(f"no Parquet files match {pattern!r}")
     return files
+
+
+def inspect_inputs(files: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """({file: row groups} of the readable files, {file: why} of the unreadable ones)."""
+    groups, bad = {}, {}
+    for f in files:
+        try:
+            groups[f] = open_parquet(f).num_row_groups
+        except UnreadableInput as e:
+            bad[f] = str(e)
+    return groups, bad
 
 
 def _as_bytes(t: pa.DataType) -> pa.DataType:
@@ -32,7 +49,7 @@ def _as_bytes(t: pa.DataType) -> pa.DataType:
 
 
 def read_row_group(path: str, group: int) -> Iterator[dict]:
-    pf = pq.ParquetFile(path)
+    pf = open_parquet(path)
     table = pf.read_row_group(group)
     table = table.cast(pa.schema([pa.field(f.name, _as_bytes(f.type)) for f in table.schema]))
     offset = sum(pf.metadata.row_group(g).num_rows for g in range(group))
@@ -43,29 +60,41 @@ def read_row_group(path: str, group: int) -> Iterator[dict]:
 
 
 class ReadParquetRows(beam.PTransform):
-    """Rows of every Parquet file matching ``pattern`` as dicts (see module docstring)."""
+    """Rows of every Parquet file matching ``pattern`` as dicts (see module docstring).
 
-    def __init__(self, pattern: str):
+    Returns the rows; ``self.bad_files`` lists the unreadable files, which go to the
+    ``dead_letters`` output of ``with_bad_files`` when ``bad_files="dead-letter"``."""
+
+    def __init__(self, pattern: str, bad_files: str = "fail"):
         super().__init__()
+        if bad_files not in BAD_FILES:
+            raise ValueError(f"bad_files must be one of {BAD_FILES}, got {bad_files!r}")
         self.files = expand_inputs(pattern)
+        self.groups, self.bad = inspect_inputs(self.files)
+        if self.bad and bad_files == "fail":
+            raise UnreadableInput("; ".join(self.bad.values()) + " (pass --bad-files dead-letter to answer the "
+                                                                 "other files and record these as dead letters)")
 
     def expand(self, pbegin):
+        groups = [(f, g) for f, n in self.groups.items() for g in range(n)]
         return (pbegin
-                | "Files" >> beam.Create(self.files)
-                | "RowGroups" >> beam.FlatMap(
-                    lambda f: [(f, g) for g in range(pq.ParquetFile(f).num_row_groups)])
+                | "RowGroups" >> beam.Create(groups)
                 | "Spread" >> beam.Reshuffle()
                 | "Rows" >> beam.FlatMapTuple(read_row_group))
+
+    def dead_letters(self, pbegin):
+        """One dead letter per unreadable input file."""
+        rows = [dead_letter(None, "read", UnreadableInput(why), {"_source": f}) for f, why in sorted(self.bad.items())]
+        return pbegin | "UnreadableFiles" >> beam.Create(rows)
 
 
 def dataset_fingerprint(files: list[str]) -> dict:
     """Size, row count and a content hash per input file, for the run manifest."""
-    import hashlib
     out = {}
     for f in files:
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        out[f] = {"sha256": h.hexdigest(), "rows": pq.ParquetFile(f).metadata.num_rows}
+        try:
+            rows = open_parquet(f).metadata.num_rows
+        except UnreadableInput as e:
+            rows = f"unreadable: {e}"
+        out[f] = {"sha256": sha256_of(f), "rows": rows}
     return out

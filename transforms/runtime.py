@@ -64,17 +64,22 @@ class RuntimeConfig:
         if needs_datastore:
             if not self.datastore_dir:
                 raise ValueError("the method retrieves per token: pass --datastore (built by `specrag build-datastore`)")
-            manifest = Path(self.datastore_dir) / "manifest.json"
-            if not manifest.exists():
+            from specrag.transforms import files
+            manifest = files.join(self.datastore_dir, "manifest.json")
+            if not files.exists(manifest):
                 raise ValueError(f"{self.datastore_dir} is not a datastore (no manifest.json)")
-            kinds = json.loads(manifest.read_text())["kinds"]
+            kinds = json.loads(files.read_text(manifest))["kinds"]
             if self.datastore_kind not in kinds:
                 raise ValueError(f"datastore {self.datastore_dir} has no {self.datastore_kind!r} index (has: {sorted(kinds)})")
         if needs_retriever:
             if not self.index_dir:
                 raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
-            from specrag.retrieval.index import read_manifest
-            manifest = read_manifest(Path(self.index_dir))
+            from specrag.transforms import files
+            path = files.join(self.index_dir, "manifest.json")
+            if not files.exists(path):
+                raise ValueError(f"{self.index_dir} is not an index folder (no manifest.json); "
+                                 "build one with `specrag build-index`")
+            manifest = json.loads(files.read_text(path))
             if self.retriever not in manifest["kinds"]:
                 raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index "
                                  f"(has: {sorted(manifest['kinds'])})")
@@ -115,8 +120,9 @@ def _folder_fingerprint(folder: str | None) -> str | None:
     if not folder:
         return None
     import hashlib
-    manifest = Path(folder) / "manifest.json"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.exists() else None
+    from specrag.transforms import files
+    manifest = files.join(folder, "manifest.json")
+    return hashlib.sha256(files.read_bytes(manifest)).hexdigest()[:16] if files.exists(manifest) else None
 
 
 _LOCK = threading.Lock()
@@ -147,6 +153,14 @@ def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
     return _BACKENDS[key]
 
 
+def _local_copy(folder: str) -> str:
+    """Indexes and datastores on gs:// or s3:// are copied to the worker once (FAISS and
+    bm25s read local files)."""
+    from specrag.inference.models import cache_dir
+    from specrag.transforms.files import localize
+    return localize(folder, cache_dir())
+
+
 def get_services(config: RuntimeConfig) -> Services:
     """Process-wide Services for a config: each model is loaded once per process."""
     with _LOCK:
@@ -162,11 +176,11 @@ def get_services(config: RuntimeConfig) -> Services:
                 embedder = models.get("embedder") or load_backend(config.backend, "all-minilm-l6-v2",
                                                                   config.num_threads, triton=config.triton)
                 embed = embedder.embed
-            retriever = open_retriever(config.index_dir, config.retriever, embed)
+            retriever = open_retriever(_local_copy(config.index_dir), config.retriever, embed)
         datastore = None
         if config.datastore_dir:
             from specrag.retrieval.datastore import Datastore
-            datastore = Datastore(config.datastore_dir, config.datastore_kind)
+            datastore = Datastore(_local_copy(config.datastore_dir), config.datastore_kind)
         services = Services(models=models, retriever=retriever, datastore=datastore)
         _SERVICES[config] = services
         return services

@@ -1,7 +1,12 @@
-"""Validation of input rows and removal of duplicate ids; rejects go to dead letters."""
+"""Validation of input rows and removal of duplicate ids; rejects go to dead letters.
+
+Grouping by id also does the resume's anti-join: ids of earlier results, flattened into the
+same GroupByKey as markers, drop their queries there (one shuffle for both).
+"""
 from __future__ import annotations
 
 import apache_beam as beam
+from apache_beam.metrics import Metrics
 
 from specrag.schemas.validation import RowError
 from specrag.transforms.records import DEAD, dead_letter
@@ -23,8 +28,16 @@ class _Validate(beam.DoFn):
         yield clean["id"], (order, source, clean)
 
 
+FINISHED = None  # the marker an earlier result puts beside its id
+
+
 def _first_of_id(element):
     qid, rows = element
+    rows = list(rows)
+    if any(r is FINISHED for r in rows):
+        if len(rows) > rows.count(FINISHED):  # in the input and answered earlier: skipped
+            Metrics.counter("specrag", "skipped_finished").inc()
+        return
     rows = sorted(rows, key=lambda r: r[0])  # (file, row): the first occurrence wins
     _, first_source, first = rows[0]
     yield first
@@ -37,15 +50,20 @@ def _first_of_id(element):
 class ValidateRows(beam.PTransform):
     """Rows → (valid rows, dead letters). Duplicate ids keep their first row only."""
 
-    def __init__(self, validator, stage: str = "validate"):
+    def __init__(self, validator, stage: str = "validate", finished=None):
         super().__init__()
         self._validator = validator
         self._stage = stage
+        self._finished = finished  # PCollection of ids answered earlier (resume), or None
 
     def expand(self, rows):
         checked = rows | "Check" >> beam.ParDo(_Validate(self._validator, self._stage)).with_outputs(
             DEAD, main="valid")
-        unique = (checked.valid
+        keyed = checked.valid
+        if self._finished is not None:
+            marks = self._finished | "MarkFinished" >> beam.Map(lambda qid: (qid, FINISHED))
+            keyed = (keyed, marks) | "WithFinished" >> beam.Flatten()
+        unique = (keyed
                   | "GroupById" >> beam.GroupByKey()
                   | "FirstOfId" >> beam.FlatMap(_first_of_id).with_outputs(DEAD, main="valid"))
         dead = (checked[DEAD], unique[DEAD]) | "DeadLetters" >> beam.Flatten()

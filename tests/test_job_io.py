@@ -1,0 +1,137 @@
+"""Job I/O through Beam's FileSystems (a test scheme stands in for gs:// and s3://), corrupt
+inputs, strict options, and a run killed with SIGKILL that --resume completes."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.evaluation.report import evaluate_run
+from specrag.methods import Method, MethodConfig, create_method
+from specrag.pipelines.answer import AnswerJob, run_answer
+from specrag.pipelines.cli import main
+from specrag.schemas import QUERIES
+from specrag.transforms.files import UnreadableInput
+from specrag.transforms.runtime import RuntimeConfig
+
+import remotefs  # the specragtest:// scheme (tests/remotefs.py)
+
+
+def _read(folder, name):
+    rows = []
+    for f in sorted(folder.glob(f"{name}-*.parquet")):
+        rows += pq.read_table(f).to_pylist()
+    return rows
+
+
+@pytest.fixture
+def remote(tmp_path):
+    root = tmp_path / "bucket"
+    root.mkdir()
+    remotefs.ROOT["path"] = str(root)
+    remotefs.CALLS["n"] = 0
+    yield root
+    remotefs.ROOT["path"] = None
+
+
+def test_answer_job_on_a_non_local_scheme(remote, demo_tables, demo_index):
+    (remote / "in").mkdir()
+    shutil.copy(demo_tables[0], remote / "in" / "queries.parquet")
+    shutil.copytree(demo_index, remote / "index")
+    method = create_method("retrieve-only", top_k=3)
+    runtime = RuntimeConfig(index_dir="specragtest://index").with_roles(method.model_roles)
+    job = lambda **kw: AnswerJob("specragtest://in/*.parquet", "specragtest://runs/a", method, runtime,
+                                 shard_rows=8, **kw)
+    manifest = run_answer(job())
+    out = remote / "runs" / "a"
+    results = _read(out, "results-000")
+    n = pq.read_metadata(demo_tables[0]).num_rows
+    assert len(results) == n and len({r["id"] for r in results}) == n
+    assert len(list(out.glob("results-000-*.parquet"))) == -(-n // 8)  # shards of at most 8 rows
+    assert {len(r["trace"]["retrieved"][0]["doc_ids"]) for r in results} <= {1, 2, 3}  # the index answered
+    assert max(len(r["trace"]["retrieved"][0]["doc_ids"]) for r in results) == 3
+    assert json.loads((out / "manifest.json").read_text())["inputs"].keys() == {"specragtest://in/queries.parquet"}
+    assert (out / "identity.json").exists() and manifest["counters"]["answered"] == n
+    assert remotefs.CALLS["n"] > 0
+    report = evaluate_run("specragtest://runs/a", "specragtest://in/*.parquet")
+    assert report["coverage"]["answered"] == n and report["coverage"]["duplicate_results"] == 0
+    again = run_answer(job(resume=True))  # resume reads the earlier shards through FileSystems
+    assert again["resumed"] == {"attempt": 1, "skipped_finished": n}
+    assert not list(out.glob("results-001-*.parquet"))
+
+
+class Echo(Method):
+    name = "echo-test"
+    model_roles = ()
+
+    def stages(self):
+        return [_Echo()]
+
+
+class _Echo:
+    name = "Echo"
+
+    async def run(self, item, ctx):
+        item.answer = item.query["question"].upper()
+        return item
+
+
+def test_corrupt_parquet_is_an_error_naming_the_file_or_one_dead_letter(tmp_path):
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "question": "first"}, {"id": "b", "question": "second"}],
+                                        schema=QUERIES), tmp_path / "part-0.parquet")
+    (tmp_path / "part-1.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    job = lambda **kw: AnswerJob(str(tmp_path / "part-*.parquet"), str(tmp_path / "out"), Echo(MethodConfig()),
+                                 RuntimeConfig(models=()), **kw)
+    with pytest.raises(UnreadableInput, match=r"part-1\.parquet: not a readable Parquet file"):
+        run_answer(job())
+    run_answer(job(bad_files="dead-letter"))
+    assert sorted((r["id"], r["answer"]) for r in _read(tmp_path / "out", "results")) == [("a", "FIRST"), ("b", "SECOND")]
+    [dead] = _read(tmp_path / "out", "dead_letters")
+    assert dead["stage"] == "read" and dead["error_type"] == "UnreadableInput" and "part-1.parquet" in dead["message"]
+
+
+def test_cli_rejects_unknown_flags_and_mistyped_settings(tmp_path, capsys):
+    path = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "question": "q"}], schema=QUERIES), path)
+    base = ["answer", "--queries", str(path), "--output", str(tmp_path / "o"), "--method", "standard"]
+    assert main(base + ["--set", "top_k=abc"]) == 2
+    assert "--set top_k=abc: top_k expects an integer, got 'abc'" in capsys.readouterr().err
+    assert main(base + ["--set", "topk=3"]) == 2
+    assert "has no setting 'topk'" in capsys.readouterr().err
+    assert main(base + ["--batchsize=4"]) == 2
+    assert "unknown option(s) ['--batchsize=4']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_killed_run_is_completed_by_resume_without_redoing_finished_work(demo_tables, demo_index, tmp_path):
+    cli = [sys.executable, "-m", "specrag.pipelines.cli", "answer", "--queries", str(demo_tables[0]),
+           "--index", str(demo_index), "--method", "standard", "--set", "top_k=3", "--set", "max_new_tokens=12",
+           "--shard-rows", "2", "--max-in-flight", "2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECRAG_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cli + ["--output", str(killed)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while time.time() < deadline and len(list(killed.glob("results-000-*.parquet"))) < 3:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _read(killed, "results-000")
+    n = pq.read_metadata(demo_tables[0]).num_rows
+    assert 6 <= len(before) < n and not (killed / "manifest.json").exists()
+
+    subprocess.run(cli + ["--output", str(killed), "--resume"], env=env, check=True, capture_output=True)
+    manifest = json.loads((killed / "manifest.json").read_text())
+    assert manifest["resumed"]["skipped_finished"] == len(before)  # finished work was not redone
+    subprocess.run(cli + ["--output", str(tmp_path / "whole")], env=env, check=True, capture_output=True)
+    resumed = _read(killed, "results")
+    whole = {r["id"]: r["answer"] for r in _read(tmp_path / "whole", "results")}
+    assert len(resumed) == len({r["id"] for r in resumed}) == n  # each id once
+    assert {r["id"]: r["answer"] for r in resumed} == whole

@@ -1,0 +1,132 @@
+"""Job I/O through Beam's FileSystems: local paths, gs://, s3:// (and any registered scheme) alike.
+
+Every read and write of a job goes through these helpers (queries, results, dead letters,
+manifests, resume, indexes and datastores), so a job that runs on local files runs unchanged
+on a distributed file system. Parquet is opened through a FileSystems stream; a file that is
+not readable Parquet is an ``UnreadableInput`` naming the file, never a bare traceback.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import BeamIOError, CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+
+class UnreadableInput(ValueError):
+    """A file that exists but cannot be read as what it should be (e.g. corrupt Parquet)."""
+
+
+def join(base: str, *parts: str) -> str:
+    return FileSystems.join(str(base), *parts)
+
+
+def is_local(path: str) -> bool:
+    return FileSystems.get_scheme(str(path)) in (None, "file")
+
+
+def match_files(pattern: str) -> list[str]:
+    """Sorted paths matching a glob (empty when nothing matches or the folder is missing)."""
+    try:
+        result = FileSystems.match([str(pattern)])[0]
+    except BeamIOError:
+        return []
+    return sorted(m.path for m in result.metadata_list)
+
+
+def exists(path: str) -> bool:
+    return FileSystems.exists(str(path))
+
+
+def mkdirs(path: str) -> None:
+    if is_local(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+    elif not FileSystems.exists(str(path)):
+        try:
+            FileSystems.mkdirs(str(path))
+        except IOError:  # object stores have no folders, or it appeared meanwhile
+            pass
+
+
+def delete(paths: list[str]) -> None:
+    if paths:
+        FileSystems.delete(list(paths))
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(str(path), compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        return fh.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Written under a temporary name, then renamed: readers never see half a file."""
+    tmp = join(FileSystems.split(str(path))[0], f".{uuid.uuid4().hex}.inprogress")
+    with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        fh.write(data)
+    if FileSystems.exists(str(path)):
+        FileSystems.delete([str(path)])
+    FileSystems.rename([tmp], [str(path)])
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def open_parquet(path: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(FileSystems.open(str(path), compression_type=CompressionTypes.UNCOMPRESSED))
+    except (pa.ArrowInvalid, pa.ArrowException, OSError, BeamIOError) as e:
+        raise UnreadableInput(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+
+
+def read_parquet(path: str, columns: list[str] | None = None) -> pa.Table:
+    return open_parquet(path).read(columns=columns)
+
+
+def write_parquet(path: str, table: pa.Table) -> None:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    write_bytes(path, sink.getvalue().to_pybytes())
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with FileSystems.open(str(path), compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def localize(folder: str, cache: Path) -> str:
+    """A local copy of a remote folder (an index, a datastore): libraries such as FAISS and
+    bm25s read local files. Copied once per worker machine, keyed by the folder's manifest."""
+    if is_local(folder):
+        return str(folder)
+    manifest = join(folder, "manifest.json")
+    key = hashlib.sha256((str(folder) + read_text(manifest)).encode()).hexdigest()[:16]
+    target = cache / "remote" / key
+    if (target / ".complete").exists():
+        return str(target)
+    staging = cache / "remote" / f".{key}.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    prefix = str(folder).rstrip("/") + "/"
+    for path in match_files(prefix + "**"):
+        local = staging / path[len(prefix):]
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(read_bytes(path))
+    (staging / ".complete").write_text(str(folder))
+    try:
+        staging.rename(target)
+    except OSError:  # another worker finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
