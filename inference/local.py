@@ -34,6 +34,9 @@ def set_torch_threads(n: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
 
+SCORE_LOGITS_BUDGET = 512 * 2 ** 20  # bytes of logits one scoring forward may hold
+
+
 @dataclass(frozen=True)
 class LocalModelConfig:
     model: str
@@ -268,20 +271,38 @@ class LocalCausalLM:
                                  f"max_prompt_tokens={self.config.max_prompt_tokens} of {self.name}")
             rows.append(p + c)
             spans.append((len(p), len(c), [len(piece) for piece in pieces] if r.segments else []))
-        ids, mask = _left_pad(rows, self.pad_id, self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with torch.inference_mode():
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-            logp = torch.log_softmax(logits.float(), dim=-1)
-        out = []
-        width = ids.shape[1]
-        for b, (plen, clen, seg_lens) in enumerate(spans):
-            start = width - clen  # continuation occupies the last clen positions (left padding)
-            target = ids[b, start:]
-            lp = logp[b, start - 1: width - 1].gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            out.append(Scored([float(x) for x in lp.tolist()], plen,
-                              self.tokenizer.convert_ids_to_tokens(target.tolist()), seg_lens))
+        # The vocabulary projection is the memory: [rows, positions, vocab] floats (Gemma 3:
+        # 262k entries, 1 MB per position). Only the continuation's positions are projected
+        # (logits_to_keep, continuations are right-aligned), in sub-batches under a budget.
+        vocab = self.model.config.get_text_config().vocab_size
+        per_row = lambda i: (spans[i][1] + 1) * vocab * 4  # noqa: E731
+        out: list[Scored] = [None] * len(rows)  # type: ignore[list-item]
+        chunk: list[int] = []
+        for i in sorted(range(len(rows)), key=lambda i: len(rows[i])):  # similar lengths pad less
+            if chunk and (len(chunk) + 1) * max(per_row(j) for j in chunk + [i]) > SCORE_LOGITS_BUDGET:
+                self._score_rows(rows, spans, chunk, out)
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            self._score_rows(rows, spans, chunk, out)
         return out
+
+    def _score_rows(self, rows, spans, idx: list[int], out: list) -> None:
+        import torch
+        ids, mask = _left_pad([rows[i] for i in idx], self.pad_id, self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        keep = max(spans[i][1] for i in idx) + 1
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                logits_to_keep=keep).logits  # the last `keep` positions
+        width = ids.shape[1]
+        for b, i in enumerate(idx):
+            plen, clen, seg_lens = spans[i]
+            target = ids[b, width - clen:]  # the continuation: the last clen tokens (left padding)
+            lp = torch.log_softmax(logits[b, keep - clen - 1: keep - 1].float(), dim=-1)
+            lp = lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            out[i] = Scored([float(x) for x in lp.tolist()], plen,
+                            self.tokenizer.convert_ids_to_tokens(target.tolist()), seg_lens)
 
 
 class LocalEncoder:

@@ -64,3 +64,19 @@ def test_embeddings_are_normalised_and_semantic(embedder):
     v = embedder.embed(["A cat sits on the mat.", "A kitten is sitting on a rug.", "Stock markets fell sharply."])
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
     assert v[0] @ v[1] > v[0] @ v[2] + 0.3
+
+
+def test_scoring_in_sub_batches_equals_one_batch(scorer, monkeypatch):
+    """Only the continuation's positions are projected onto the vocabulary, in sub-batches
+    under a memory budget; the scores do not depend on how the batch was cut."""
+    import specrag.inference.local as local
+    requests = [ScoreRequest("The capital of France is", " Paris, a city on the Seine."),
+                ScoreRequest("Water boils at", " 100 degrees Celsius at sea level."),
+                ScoreRequest("Q: Who wrote Hamlet?\n", "Answer: Shakespeare\nDoes it hold?", ("Answer: Shakespeare", "\nDoes it hold?"))]
+    whole = scorer.score(requests)
+    monkeypatch.setattr(local, "SCORE_LOGITS_BUDGET", 1)  # every row alone
+    alone = scorer.score(requests)
+    for a, b in zip(whole, alone):
+        assert a.tokens == b.tokens and a.segment_lengths == b.segment_lengths
+        assert max(abs(x - y) for x, y in zip(a.token_logprobs, b.token_logprobs)) < 1e-3
+    assert whole[2].segment_lengths and sum(whole[2].segment_lengths) == len(whole[2].token_logprobs)
