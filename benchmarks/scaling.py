@@ -19,8 +19,10 @@ the engine over fixed batches, 1 worker), rss_growth (largest peak-RSS ratio 100
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -73,6 +75,7 @@ def run_one(spec: dict) -> dict:
                             engine=EngineConfig(max_batch=spec["batch"], max_in_flight=spec["in_flight"])
                             ).with_roles(method.model_roles)
     out = Path(spec["out"])
+    shutil.rmtree(out, ignore_errors=True)  # progress is counted from this run's shards only
     n, shard = spec["n"], spec["shard_rows"]
     marks, samples, stop = {}, [], threading.Event()
 
@@ -99,7 +102,18 @@ def run_one(spec: dict) -> dict:
             "counters": manifest["counters"]}
 
 
+def measured_path(spec: dict) -> Path:
+    """Each run's measurement is kept (per spec): a later invocation re-runs only what changed."""
+    key = hashlib.sha256(json.dumps({k: v for k, v in spec.items() if k != "out"}, sort_keys=True).encode()).hexdigest()
+    return WORK / "scaling" / "measured" / f"{key[:16]}.json"
+
+
 def launch(spec: dict) -> dict:
+    kept = measured_path(spec)
+    if kept.exists():
+        result = json.loads(kept.read_text())
+        print(f"{spec['label']}: {result['wall_s']:.1f} s, {result['answered']} answered (kept measurement)")
+        return result
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SPECRAG_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], env=env, capture_output=True,
@@ -107,6 +121,8 @@ def launch(spec: dict) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"run {spec['label']} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps(result))
     print(f"{spec['label']}: {result['wall_s']:.1f} s, {result['answered']} answered", flush=True)
     return result
 

@@ -153,6 +153,18 @@ def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
     return _BACKENDS[key]
 
 
+def worker_setup(config: RuntimeConfig) -> None:
+    """What every worker process needs before it loads a model (the launching process's
+    environment does not reach remote workers): no hub access, explicit thread counts."""
+    import os
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+                       ("OMP_NUM_THREADS", str(config.num_threads)), ("MKL_NUM_THREADS", str(config.num_threads))):
+        os.environ.setdefault(key, value)
+    if config.backend == "local" and config.models:
+        from specrag.inference.local import set_torch_threads
+        set_torch_threads(config.num_threads)
+
+
 def _local_copy(folder: str) -> str:
     """Indexes and datastores on gs:// or s3:// are copied to the worker once (FAISS and
     bm25s read local files)."""

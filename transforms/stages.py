@@ -31,7 +31,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from specrag.inference.engine import Engine
 from specrag.transforms.batching import BatchByKey, GatherParts, shard_of
 from specrag.transforms.records import DEAD, dead_letter, state_raw
-from specrag.transforms.runtime import RuntimeConfig, get_services, models_loaded
+from specrag.transforms.runtime import RuntimeConfig, get_services, models_loaded, worker_setup
 
 EXECUTIONS = ("streaming", "fixed-batch")
 NAMESPACE = "specrag"
@@ -56,6 +56,7 @@ class _EngineHolder:
     """What Shared keeps per process: the engine and whether its loading was reported."""
 
     def __init__(self, runtime: RuntimeConfig):
+        worker_setup(runtime)
         before = models_loaded()
         self.engine = Engine(get_services(runtime), runtime.engine)
         self.models_loaded = models_loaded() - before
@@ -165,6 +166,7 @@ class RunSegment(beam.PTransform):
         dead = []
         first = self.segment[0]
         if getattr(first, "gather", False):
+            keyed = keyed | "TypedKeys" >> beam.Map(lambda kv: kv).with_output_types(Tuple[str, Any])  # str key coder
             joined = keyed | "GatherParts" >> beam.ParDo(
                 GatherParts(first.name, self.gather_timeout_s)).with_input_types(
                     Tuple[str, Any]).with_outputs(DEAD, main="out")
@@ -176,7 +178,8 @@ class RunSegment(beam.PTransform):
         else:
             n = self.num_shards
             ran = (keyed
-                   | "ShardByQuery" >> beam.Map(lambda kv: (shard_of(kv[0], n), kv[1]))
+                   | "ShardByQuery" >> beam.Map(lambda kv: (shard_of(kv[0], n), kv[1])).with_output_types(
+                       Tuple[int, Any])
                    | "Redistribute" >> beam.Reshuffle()
                    | "BatchByKey" >> beam.ParDo(BatchByKey(self.batch_size)).with_input_types(Tuple[int, Any])
                    | "Run" >> beam.ParDo(_RunStagesOnBatch(self.segment, self.runtime, self.shared)).with_outputs(

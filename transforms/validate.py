@@ -5,6 +5,8 @@ same GroupByKey as markers, drop their queries there (one shuffle for both).
 """
 from __future__ import annotations
 
+from typing import Any, Tuple
+
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
@@ -59,9 +61,11 @@ class ValidateRows(beam.PTransform):
     def expand(self, rows):
         checked = rows | "Check" >> beam.ParDo(_Validate(self._validator, self._stage)).with_outputs(
             DEAD, main="valid")
-        keyed = checked.valid
+        # typed keys: GroupByKey then encodes them with a deterministic string coder
+        keyed = checked.valid | "TypedKeys" >> beam.Map(lambda kv: kv).with_output_types(Tuple[str, Any])
         if self._finished is not None:
-            marks = self._finished | "MarkFinished" >> beam.Map(lambda qid: (qid, FINISHED))
+            marks = self._finished | "MarkFinished" >> beam.Map(lambda qid: (qid, FINISHED)).with_output_types(
+                Tuple[str, Any])
             keyed = (keyed, marks) | "WithFinished" >> beam.Flatten()
         unique = (keyed
                   | "GroupById" >> beam.GroupByKey()
