@@ -48,10 +48,29 @@ def demo_index(demo_tables, tmp_path_factory) -> Path:
 
 
 def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str]) -> Path:
+    """Pooled-corpus indexes, cached under a content-hash key (the corpus, the kinds, the code
+    that builds them and the embedder's weights): embedding the corpus takes ~10-15 minutes."""
+    import hashlib
+    import shutil
+    from specrag.inference.models import cache_dir, model_identity
     from specrag.pipelines.build_index import run_build_index
-    index = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
-    run_build_index(str(imported / "pooled_corpus.parquet"), str(index), kinds, beam_args=BEAM_ARGS)
-    return index
+    corpus = imported / "pooled_corpus.parquet"
+    h = hashlib.sha256(corpus.read_bytes())
+    h.update(",".join(kinds).encode())
+    for src in sorted([*(REPO / "retrieval").glob("*.py"), REPO / "pipelines" / "build_index.py",
+                       REPO / "inference" / "local.py"]):
+        h.update(src.read_bytes())
+    if {"dense", "hnsw", "ivf"} & set(kinds):
+        h.update(model_identity("all-minilm-l6-v2").encode())
+    cached = cache_dir() / "test-fixtures" / f"pooled_{'_'.join(kinds)}_{h.hexdigest()[:16]}"
+    if not (cached / ".complete").exists():
+        staging = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
+        run_build_index(str(corpus), str(staging), kinds, beam_args=BEAM_ARGS)
+        (staging / ".complete").write_text(str(corpus))
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(cached, ignore_errors=True)
+        shutil.copytree(staging, cached)
+    return cached
 
 
 @pytest.fixture(scope="session")

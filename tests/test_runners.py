@@ -58,9 +58,9 @@ METHODS = {  # small settings: the claim is about the runtime, not the method's 
 @pytest.mark.parametrize("method_name", sorted(METHODS))
 def test_same_results_on_every_runner_and_one_model_load_per_process(method_name, demo_tables, demo_index,
                                                                      job_service, tmp_path):
-    queries = pq.read_table(demo_tables[0])
-    if method_name == "speculative-rag":
-        queries = queries.slice(0, 6)
+    # a few questions keep three runs per method inside the CI budget; they still span several
+    # row groups (bundles) and micro-batches
+    queries = pq.read_table(demo_tables[0]).slice(0, 6 if method_name == "speculative-rag" else 16)
     path = tmp_path / "queries.parquet"
     pq.write_table(pa.Table.from_batches(queries.to_batches(max_chunksize=4)), path, row_group_size=4)
     method = create_method(method_name, **METHODS[method_name])

@@ -237,7 +237,8 @@ def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_tho
     server = _start(tmp_path / "first")
     ids = pq.read_table(demo_tables[0]).column("id").to_pylist()
     cmd = _answer_cmd(demo_tables[0], out, demo_index, server, "--batch-size", "2", "--engine-batch", "2",
-                      "--shards", "1", "--triton-retries", "1")
+                      "--shards", "1", "--triton-retries", "1",
+                      "--max-failure-fraction", "1")  # most queries fail on purpose
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -269,6 +270,7 @@ def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_tho
         again.stop()
     final = pq.read_table(sorted(out.glob("results-*.parquet"))).column("id").to_pylist()
     assert sorted(final) == sorted(ids)
-    assert not pq.read_table(sorted(out.glob("dead_letters-*.parquet"))).num_rows
+    dead_after = sorted(out.glob("dead_letters-*.parquet"))  # dead letters are written only when there are some
+    assert not dead_after or not pq.read_table(dead_after).num_rows
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed"]["skipped_finished"] == len(answered)
