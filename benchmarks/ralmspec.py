@@ -104,7 +104,7 @@ def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
                 method = create_method(name, k=k, max_new_tokens=args.knnlm_tokens, **extra)
                 lat, states = serve(Services(models={"generator": lm}, datastore=store), method,
                                     queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}")
-                outs = {s.id: s.trace.details["output_ids"] for s in states}
+                outs = {s.id: s.trace.method.output_ids for s in states}
                 base = base or outs
                 rows.append({"datastore": kind, "k": k, "method": label, "mean_latency_s": statistics.mean(lat),
                              "generation_s": statistics.mean(s.trace.timings["generation_s"] for s in states),
@@ -188,19 +188,19 @@ def main() -> int:
             method = create_method(name, **settings, **extra)
             latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
                                       method, queries, f"{kind} {label}")
-            outputs = {s.id: s.trace.details["output_ids"] for s in states}
+            outputs = {s.id: s.trace.method.output_ids for s in states}
             if baseline is None:
                 baseline = outputs
             same = sum(outputs[k] == baseline[k] for k in baseline)
             identical &= same == len(baseline)
             t = lambda key: statistics.mean(s.trace.timings[key] for s in states)  # noqa: E731
             c = lambda key: sum(s.trace.counts[key] for s in states)  # noqa: E731
-            steps = [s.trace.details.get("speculation_steps", 0) for s in states]
+            steps = [getattr(s.trace.method, "speculation_steps", 0) for s in states]
             rows.append({"retriever": kind, "method": label, "mean_latency_s": statistics.mean(latencies),
                          "generation_s": t("generation_s"), "retrieval_s": t("retrieval_s"),
                          "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
                          "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
-                         "pad_docs": sum(d.startswith("~pad-") for s in states for d in s.trace.details["step_docs"]),
+                         "pad_docs": sum(d.startswith("~pad-") for s in states for d in s.trace.method.step_docs),
                          "identical": f"{same}/{len(baseline)}", "single_search_s": search_s})
             print(f"  {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr, flush=True)
         seq = next(r["mean_latency_s"] for r in rows if r["retriever"] == kind and r["method"] == "RaLMSeq")

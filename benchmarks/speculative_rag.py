@@ -67,12 +67,12 @@ def reselect(state, settings: dict | None, config):
     ``settings`` None, one state per draft (the oracle takes the best of them)."""
     import dataclasses
     from specrag.methods.common import finalise_answer
-    from specrag.methods.speculative_rag import choose_draft
-    drafts = [dict(d, index=i) for i, d in enumerate(state.trace.drafts)]
+    from specrag.methods.speculative_rag import SpeculativeRAGTrace, choose_draft
+    drafts = [dataclasses.replace(d) for d in state.trace.of(SpeculativeRAGTrace).drafts]
     if settings is None:
-        return [finalise_answer(copy.deepcopy(state), d["answer"]) for d in drafts]
+        return [finalise_answer(copy.deepcopy(state), d.answer) for d in drafts]
     chosen = choose_draft(drafts, dataclasses.replace(config, **settings), state.id)
-    return [finalise_answer(copy.deepcopy(state), chosen["answer"])]
+    return [finalise_answer(copy.deepcopy(state), chosen.answer)]
 
 
 def main() -> int:
@@ -132,8 +132,8 @@ def main() -> int:
                    "prompt_tokens": statistics.mean(s.trace.counts["prompt_tokens"] for s in states),
                    "generated_tokens": statistics.mean(s.trace.counts["generated_tokens"] for s in states)}
             if name == "speculative-rag":
-                drafts = [d for s in states for d in s.trace.drafts]
-                row["drafts_with_rationale"] = f"{sum(d['parsed'] == 'ok' for d in drafts)}/{len(drafts)}"
+                drafts = [d for s in states for d in s.trace.method.drafts]
+                row["drafts_with_rationale"] = f"{sum(d.parsed == 'ok' for d in drafts)}/{len(drafts)}"
             rows.append(row)
             if label == "speculative-rag":
                 for re_label, settings in RESELECTED:

@@ -103,7 +103,7 @@ def main() -> int:
                    "mean_latency_s": statistics.mean(latencies), "median_latency_s": statistics.median(latencies),
                    "retrieval_calls": statistics.mean(s.trace.counts["retrieval_calls"] for s in states),
                    "generated_tokens": statistics.mean(s.trace.counts["generated_tokens"] for s in states),
-                   "stages": statistics.mean(len(s.trace.details.get("stages", [])) for s in states) if name == "sps" else ""}
+                   "stages": statistics.mean(len(s.trace.method.stages) for s in states) if name == "sps" else ""}
             rows.append(row)
     labels = [label for label, _, _ in runs(datasets[0], args.chunk_tokens)][:None if n_ablation else 3]
     summary = [summarise(by, datasets, label, "standard", "sps") for label in labels]

@@ -9,23 +9,27 @@ from specrag.evaluation.metrics import RECALL_AT, TASK_METRICS, recall_at, score
 from specrag.transforms.files import join, match_files, read_parquet, write_text
 
 
-def _read(pattern: str) -> list[dict]:
+RESULT_COLUMNS = ["id", "method", "answer", "raw_output", "choice", "timings", "retrieved"]
+
+
+def _read(pattern: str, columns: list[str] | None = None) -> list[dict]:
     rows = []
     for f in match_files(pattern):
-        rows.extend(read_parquet(f).to_pylist())
+        rows.extend(read_parquet(f, columns=columns).to_pylist())
     return rows
 
 
 def evaluate_run(results_dir: Path | str, queries: str) -> dict:
     """Metrics per (dataset, method) for one run folder (any FileSystems path); missing gold is an error."""
-    results = _read(join(str(results_dir), "results-*.parquet"))
+    results = _read(join(str(results_dir), "results-*.parquet"), RESULT_COLUMNS)  # core columns: any method
     dead = _read(join(str(results_dir), "dead_letters-*.parquet"))
     gold = {q["id"]: q for q in _read(queries)}
     if not gold:
         raise FileNotFoundError(f"no gold queries found at {queries}")
     sums: dict[tuple, dict] = defaultdict(lambda: defaultdict(float))
     counts: dict[tuple, int] = defaultdict(int)
-    latency: dict[tuple, list] = defaultdict(list)
+    latency: dict[tuple, list] = defaultdict(list)  # per query: served (admission to answer)
+    queued: dict[tuple, float] = defaultdict(float)  # per query: waiting for admission
     unknown = [r["id"] for r in results if r["id"] not in gold]
     if unknown:
         raise ValueError(f"{len(unknown)} result ids are not in the gold queries, e.g. {unknown[:3]}")
@@ -36,13 +40,14 @@ def evaluate_run(results_dir: Path | str, queries: str) -> dict:
             for name, value in score_row(g["task_type"], r["answer"] or "", r["raw_output"] or "",
                                          r["choice"], g).items():
                 sums[key][name] += value
-        retrieved = (r["trace"]["retrieved"] or [{}])[0].get("doc_ids") or []
-        if g.get("gold_passage_ids") and r["trace"]["retrieved"]:
+        retrieved = (r["retrieved"] or [{}])[0].get("doc_ids") or []
+        if g.get("gold_passage_ids") and r["retrieved"]:
             for k in RECALL_AT:
                 sums[key][f"recall@{k}"] += recall_at(retrieved, g["gold_passage_ids"], k)
             sums[key]["_with_gold"] += 1
         counts[key] += 1
-        latency[key].append(r["trace"]["timings"]["total_s"])
+        latency[key].append(r["timings"]["served_s"])
+        queued[key] += r["timings"]["queue_s"]
     dead_by_dataset: dict[str, int] = defaultdict(int)
     for d in dead:
         ds = gold.get(d["id"] or "", {}).get("dataset") or "-"
@@ -58,7 +63,9 @@ def evaluate_run(results_dir: Path | str, queries: str) -> dict:
             metrics.update({f"recall@{k}": round(100 * sums[key][f"recall@{k}"] / with_gold, 2) for k in RECALL_AT})
         rows.append({"run": str(results_dir).rstrip("/").rsplit("/", 1)[-1], "dataset": dataset, "method": method, "task_type": task, "n": n,
                      "dead_letters": dead_by_dataset.get(dataset, 0), **metrics,
-                     "mean_latency_s": round(sum(lat) / n, 3), "median_latency_s": round(lat[n // 2], 3)})
+                     "mean_latency_s": round(sum(lat) / n, 3), "median_latency_s": round(lat[n // 2], 3),
+                     "p95_latency_s": round(lat[min(n - 1, int(0.95 * n))], 3),
+                     "mean_queue_s": round(queued[key] / n, 3)})
     return {"results_dir": str(results_dir), "rows": rows, "dead_letters": len(dead),
             "coverage": coverage(results, dead, gold)}
 

@@ -139,13 +139,13 @@ class Format:
     convert: Callable[[Path], Iterator[Row]]
 
 
-FORMATS: dict[str, Format] = {
-    "hotpotqa": Format("hotpotqa_ircot_500", hotpotqa),
-    "popqa": Format("popqa_hipporag2_1000", popqa),
-    "nq": Format("nq_open_oracle_2655", nq),
-    "webquestions": Format("webquestions_test_2032", webquestions),
-    "arc_challenge": Format("arc_challenge_test_1172", arc_challenge),
-    "arc_challenge_selfrag": Format("selfrag_arc_challenge_100", arc_challenge_selfrag),
-    "pubhealth": Format("pubhealth_test_1232", pubhealth),
-    "asqa": Format("asqa_dev_500", asqa),
-}
+HOTPOTQA = Format("hotpotqa_ircot_500", hotpotqa)
+POPQA = Format("popqa_hipporag2_1000", popqa)
+NQ = Format("nq_open_oracle_2655", nq)
+WEBQUESTIONS = Format("webquestions_test_2032", webquestions)
+ARC_CHALLENGE = Format("arc_challenge_test_1172", arc_challenge)
+ARC_CHALLENGE_SELFRAG = Format("selfrag_arc_challenge_100", arc_challenge_selfrag)
+PUBHEALTH = Format("pubhealth_test_1232", pubhealth)
+ASQA = Format("asqa_dev_500", asqa)
+
+from specrag.registry import FORMATS  # noqa: E402,F401  (name -> Format, the registry's entries above)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -39,6 +40,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from specrag.inference.batcher import MicroBatcher
+from specrag.inference.capabilities import MissingCapability
 from specrag.inference.trace import Trace
 from specrag.inference.types import (GenerateRequest, Generation, NextToken, NextTokenRequest, ScoreRequest,
                                      Scored)
@@ -64,9 +66,11 @@ class EngineConfig:
 
 
 class ModelBackend(Protocol):
-    """What a model backend offers; a backend may implement a subset of the operations."""
+    """What a model backend offers: the operations in ``capabilities`` (a subset of
+    ``capabilities.OPERATIONS``), each a batched call."""
 
     name: str
+    capabilities: frozenset[str]
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]: ...
     def score(self, requests: list[ScoreRequest]) -> list[Scored]: ...
@@ -90,11 +94,42 @@ class StageTimeout(TimeoutError):
     """A stage of one query ran past the engine's ``stage_timeout_s``."""
 
 
+class _Clock:
+    """Wall time during which a query had at least one call of a kind outstanding (the union
+    of intervals, over all its parts): concurrent calls and parallel parts count once."""
+
+    def __init__(self):
+        self._active: dict[str, int] = {}
+        self._since: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def busy(self, *kinds: str):
+        now = time.perf_counter()
+        for k in kinds:
+            if not self._active.get(k):
+                self._since[k] = now
+            self._active[k] = self._active.get(k, 0) + 1
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            for k in kinds:
+                self._active[k] -= 1
+                if not self._active[k]:
+                    self.seconds[k] = self.seconds.get(k, 0.0) + now - self._since[k]
+
+
+CALLS = "calls"  # the clock's kind for "any service call outstanding"
+
+
 class _QueryScope:
-    """The tasks one query started: they end when the query ends, whichever way it ends."""
+    """The tasks one query started: they end when the query ends, whichever way it ends.
+    Also the query's clock (shared by its parts)."""
 
     def __init__(self):
         self.tasks: set[asyncio.Task] = set()
+        self.clock = _Clock()
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -122,13 +157,15 @@ class Context:
         """Start a task that belongs to this query: cancelled and awaited when the query ends."""
         return self._scope.spawn(coro)
 
+    def _busy(self, kind: str):
+        return self._scope.clock.busy(kind, CALLS)
+
     async def generate(self, request: GenerateRequest, model: str = "generator") -> Generation:
-        start = time.perf_counter()
-        out, waited, _ = await self._engine.batcher("generate", model).submit_timed(request)
+        with self._busy("generation_s"):
+            out = await self._engine.batcher("generate", model).submit(request)
         self.trace.count("model_calls")
         self.trace.count("prompt_tokens", out.prompt_tokens)
         self.trace.count("generated_tokens", len(out.token_ids))
-        self._account("generation_s", start, waited)
         return out
 
     async def generate_n(self, request: GenerateRequest, n: int, model: str = "generator") -> list[Generation]:
@@ -141,32 +178,28 @@ class Context:
                                            for i in range(n))))
 
     async def score(self, request: ScoreRequest, model: str = "scorer") -> Scored:
-        start = time.perf_counter()
-        out, waited, _ = await self._engine.batcher("score", model).submit_timed(request)
+        with self._busy("verification_s"):
+            out = await self._engine.batcher("score", model).submit(request)
         self.trace.count("model_calls")
         self.trace.count("score_calls")
         self.trace.count("prompt_tokens", out.prompt_tokens + len(out.token_logprobs))
-        self._account("verification_s", start, waited)
         return out
 
     async def embed(self, texts: Sequence[str], model: str = "embedder") -> np.ndarray:
-        start = time.perf_counter()
+        """Embeddings of texts (one row each); every text is one row of a micro-batch."""
         batcher = self._engine.batcher("embed", model)
-        results = await asyncio.gather(*(batcher.submit_timed(t) for t in texts))
+        with self._busy("embedding_s"):
+            results = await asyncio.gather(*(batcher.submit(t) for t in texts))
         self.trace.count("embed_calls")
-        self._account("embedding_s", start, max((w for _, w, _ in results), default=0.0))
         if not results:
             return np.zeros((0, 0), dtype=np.float32)
-        return np.stack([r for r, _, _ in results])
+        return np.stack(results)
 
     async def retrieve(self, query: str, k: int, stage: str = "retrieve") -> list[Any]:
-        start = time.perf_counter()
-        hits, waited, _ = await self._engine.batcher("search", "retriever", k).submit_timed(query)
+        with self._busy("retrieval_s"):
+            hits = await self._engine.batcher("search", "retriever", k).submit(query)
         self.trace.count("retrieval_calls")
-        self._account("retrieval_s", start, waited)
-        self.trace.retrieved.append({"stage": stage, "query": query,
-                                     "doc_ids": [h.doc_id for h in hits],
-                                     "scores": [float(h.score) for h in hits]})
+        self._record_hits(stage, query, hits)
         return hits
 
     async def score_docs(self, query: str, doc_ids: Sequence[str]) -> list[float]:
@@ -175,36 +208,31 @@ class Context:
         Batched across queries in a thread of its own, so a cache lookup never queues behind
         a slow index search running at the same time (asynchronous verification).
         """
-        start = time.perf_counter()
-        scores, waited, _ = await self._engine.batcher("score_docs", "retriever-cache").submit_timed(
-            (query, tuple(doc_ids)))
+        with self._busy("retrieval_s"):
+            scores = await self._engine.batcher("score_docs", "retriever-cache").submit((query, tuple(doc_ids)))
         self.trace.count("cache_hits")
-        self._account("retrieval_s", start, waited)
         return scores
 
     async def next_token(self, request: NextTokenRequest, model: str = "generator") -> NextToken:
         """Hidden state and next-token log-probabilities after a prefix (one LM step, no sampling)."""
-        start = time.perf_counter()
-        out, waited, _ = await self._engine.batcher("next_token", model).submit_timed(request)
+        with self._busy("generation_s"):
+            out = await self._engine.batcher("next_token", model).submit(request)
         self.trace.count("model_calls")
         self.trace.count("generated_tokens")
-        self._account("generation_s", start, waited)
         return out
 
     async def knn(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest datastore entries (ids, squared distances), batched across queries."""
-        start = time.perf_counter()
-        out, waited, _ = await self._engine.batcher("knn", "datastore", k).submit_timed(vector)
+        with self._busy("retrieval_s"):
+            out = await self._engine.batcher("knn", "datastore", k).submit(vector)
         self.trace.count("retrieval_calls")
-        self._account("retrieval_s", start, waited)
         return out
 
     def knn_among(self, vector: np.ndarray, ids: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest of given entries (a speculation cache): small, so computed in place."""
-        start = time.perf_counter()
-        out = self._engine.datastore().nearest_among(vector, ids, k)
+        with self._busy("retrieval_s"):
+            out = self._engine.datastore().nearest_among(vector, ids, k)
         self.trace.count("cache_hits")
-        self._account("retrieval_s", start, 0.0)
         return out
 
     def eos_ids(self, model: str = "generator") -> list[int]:
@@ -223,30 +251,26 @@ class Context:
         return self._engine.model(model).detokenize([list(ids)])[0]
 
     async def retrieve_many(self, queries: Sequence[str], k: int, stage: str = "retrieve") -> list[list[Any]]:
-        """Several queries as one batched retrieval (a verification): its wall time counts once."""
-        start = time.perf_counter()
+        """Several queries as one batched retrieval (a verification)."""
         batcher = self._engine.batcher("search", "retriever", k)
-        results = await asyncio.gather(*(batcher.submit_timed(q) for q in queries))
+        with self._busy("retrieval_s"):
+            results = await asyncio.gather(*(batcher.submit(q) for q in queries))
         self.trace.count("retrieval_calls", len(queries))
-        self._account("retrieval_s", start, min((w for _, w, _ in results), default=0.0))
-        for q, (hits, _, _) in zip(queries, results):
-            self.trace.retrieved.append({"stage": stage, "query": q, "doc_ids": [h.doc_id for h in hits],
-                                         "scores": [float(h.score) for h in hits]})
-        return [hits for hits, _, _ in results]
+        for q, hits in zip(queries, results):
+            self._record_hits(stage, q, hits)
+        return list(results)
 
     async def knn_many(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Several token-level searches as one batch (a KNN-LM verification), timed once."""
-        start = time.perf_counter()
+        """Several token-level searches as one batch (a KNN-LM verification)."""
         batcher = self._engine.batcher("knn", "datastore", k)
-        results = await asyncio.gather(*(batcher.submit_timed(v) for v in vectors))
+        with self._busy("retrieval_s"):
+            results = await asyncio.gather(*(batcher.submit(v) for v in vectors))
         self.trace.count("retrieval_calls", len(vectors))
-        self._account("retrieval_s", start, min((w for _, w, _ in results), default=0.0))
-        return [r for r, _, _ in results]
+        return list(results)
 
-    def _account(self, bucket: str, start: float, waited: float) -> None:
-        elapsed = time.perf_counter() - start
-        self.trace.add_time(bucket, elapsed - waited)
-        self.trace.add_time("waiting_s", waited)
+    def _record_hits(self, stage: str, query: str, hits: Sequence[Any]) -> None:
+        self.trace.retrieved.append({"stage": stage, "query": query, "doc_ids": [h.doc_id for h in hits],
+                                     "scores": [float(h.score) for h in hits]})
 
 
 @dataclass
@@ -304,9 +328,10 @@ class Engine:
                     else (lambda pairs: [retriever.score(q, ids) for q, ids in pairs]))
         else:
             backend = self.model(target)
-            call = getattr(backend, op, None)
-            if call is None:
-                raise RuntimeError(f"the {target} backend ({backend.name}) does not offer {op}()")
+            if op not in backend.capabilities:
+                raise MissingCapability(f"the {target} backend ({backend.name}) does not serve {op} "
+                                        f"(it serves {', '.join(sorted(backend.capabilities))})")
+            call = getattr(backend, op)
             if getattr(backend, "supports_row_errors", False):  # one bad row fails alone
                 call = functools.partial(call, return_exceptions=True)
             max_batch = self.config.max_batch
@@ -384,7 +409,6 @@ class Engine:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         start = time.perf_counter()
-        state.trace.add_time("queue_s", start - queued)  # waiting for admission (backpressure)
         scope = _QueryScope()
         items, done, current = [state], [], ""
         try:
@@ -392,9 +416,7 @@ class Engine:
                 current = stage.name
                 items = await self._stage_over_parts(stage, items, scope)
                 done.append(stage.name)
-            served = time.perf_counter() - start
-            for item in items:
-                item.trace.add_time("total_s", served)
+            _account(items[0].trace, scope.clock, start - queued, time.perf_counter() - start, done)
             return QueryOutcome(items, stages=tuple(done))
         except Exception as e:  # a query's failure is data, not a crash of the others
             return QueryOutcome([], e, "".join(traceback.format_exception(e)), current, tuple(done))
@@ -424,20 +446,15 @@ class Engine:
 
     async def _run_one(self, stage: Any, item: Any, scope: _QueryScope) -> Any:
         ctx = Context(self, item.trace, scope)
-        start = time.perf_counter()
         timeout = asyncio.timeout(self.config.stage_timeout_s)
         try:
-            async with timeout:
-                out = await stage.run(item, ctx)
+            with scope.clock.busy(_STAGE + stage.name):
+                async with timeout:
+                    return await stage.run(item, ctx)
         except TimeoutError as e:
             if timeout.expired():
                 raise StageTimeout(f"stage {stage.name!r} exceeded {self.config.stage_timeout_s}s") from e
             raise  # a backend's own timeout (e.g. TritonTimeout): its type and message stay
-        elapsed = time.perf_counter() - start
-        for o in (out if isinstance(out, list) else [out]):
-            stage_s = o.trace.details.setdefault("stage_s", {})
-            stage_s[stage.name] = round(stage_s.get(stage.name, 0.0) + elapsed, 6)
-        return out
 
     # -- teardown -------------------------------------------------------------------------
     def close(self) -> None:
@@ -455,6 +472,23 @@ class Engine:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+_STAGE = "stage:"
+SERVICE_TIMINGS = ("retrieval_s", "generation_s", "verification_s", "embedding_s")
+
+
+def _account(trace: Trace, clock: _Clock, queued_s: float, served_s: float, stages: Sequence[str]) -> None:
+    """A finished query's (or segment's) wall times, into its first output's trace only: a
+    fan-out's parts are re-joined by summing traces, and their time was spent together."""
+    trace.add_time("queue_s", queued_s)
+    trace.add_time("served_s", served_s)
+    trace.add_time("total_s", queued_s + served_s)
+    for kind in SERVICE_TIMINGS:
+        trace.add_time(kind, clock.seconds.get(kind, 0.0))
+    trace.add_time("other_s", max(served_s - clock.seconds.get(CALLS, 0.0), 0.0))
+    for name in dict.fromkeys(stages):
+        trace.add_stage_time(name, clock.seconds.get(_STAGE + name, 0.0))
 
 
 async def _cancel_all() -> int:

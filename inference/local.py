@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrag.inference.capabilities import EMBED, GENERATE, NEXT_TOKEN, SCORE
 from specrag.inference.kv_cache import can_stack, stack_caches
 from specrag.inference.models import materialise, model_spec
 from specrag.inference.types import (GenerateRequest, Generation, NextToken, NextTokenRequest, ScoreRequest,
@@ -343,9 +344,17 @@ class LocalEncoder:
 class LocalBackend:
     """The operations of one model, as the engine's ModelBackend protocol expects."""
 
+    SERVES = {"causal-lm": frozenset({GENERATE, SCORE, NEXT_TOKEN}), "encoder": frozenset({EMBED})}
+
+    @classmethod
+    def serves(cls, model: str) -> frozenset[str]:
+        """The operations this backend serves for a model (known before any weight loads)."""
+        return cls.SERVES[model_spec(model).kind]
+
     def __init__(self, config: LocalModelConfig):
         spec = model_spec(config.model)
         self.name = config.model
+        self.capabilities = self.serves(config.model)
         self._impl = LocalCausalLM(config) if spec.kind == "causal-lm" else LocalEncoder(config)
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:

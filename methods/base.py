@@ -4,19 +4,28 @@ A method is a config (its paper's defaults, validated at start) plus an ordered 
 stages. A stage is an async function over a QueryState; returning a list fans the query
 out into parts (each carries ``part``/``parts`` so a join can gather them again). Methods
 never import Beam: the same stages run in the pipeline, in tests and in benchmarks.
+
+What a method carries from one stage to the next is a dataclass it declares
+(``state_class``, reached with ``item.state_of(cls)``); what it reports per query is another
+(``trace_class``, reached with ``item.trace.of(cls)``), which becomes the results table's
+typed ``trace`` column.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
-import importlib
 import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Sequence, TypeVar
 
+from specrag.inference.capabilities import GENERATE
 from specrag.inference.trace import Trace
+from specrag.registry import METHODS
+
+S = TypeVar("S")
 
 
 @dataclass
@@ -29,17 +38,28 @@ class QueryState:
     trace: Trace = field(default_factory=Trace)
     part: int = 0
     parts: int = 1
-    scratch: dict[str, Any] = field(default_factory=dict)
+    method_state: Any = None  # the method's typed state (its ``state_class``), see ``state_of``
+    gathered: list["QueryState"] | None = field(default=None, repr=False)  # a join's parts, in order
 
     @property
     def id(self) -> str:
         return self.query["id"]
 
+    def state_of(self, cls: type[S]) -> S:
+        """The method's state of type ``cls``, created on first use."""
+        if self.method_state is None:
+            self.method_state = cls()
+        elif not isinstance(self.method_state, cls):
+            raise TypeError(f"query {self.id} holds a {type(self.method_state).__name__}, not a {cls.__name__}")
+        return self.method_state
+
     def fork(self, part: int, parts: int) -> "QueryState":
         """A fanned-out part: it shares the query and the documents (references, not copies:
-        parts only read them) and has a scratch of its own. Part 0 keeps the accounting so far,
-        the others start empty, so summing the parts' traces at the join counts pre-fork work once."""
-        return dataclasses.replace(self, part=part, parts=parts, scratch=dict(self.scratch),
+        parts only read them) and has a method state of its own (a shallow copy). Part 0 keeps
+        the accounting so far, the others start empty, so summing the parts' traces at the
+        join counts pre-fork work once."""
+        own = copy.copy(self.method_state)
+        return dataclasses.replace(self, part=part, parts=parts, method_state=own, gathered=None,
                                    trace=self.trace if part == 0 else Trace())
 
 
@@ -65,9 +85,18 @@ class Method:
 
     name: ClassVar[str]
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
+    # model role -> the operations the method calls on it (inference.capabilities), checked
+    # against the configured backends at start; ``model_roles`` follows from it
+    needs: ClassVar[dict[str, tuple[str, ...]]] = {"generator": (GENERATE,)}
     model_roles: ClassVar[tuple[str, ...]] = ("generator",)
+    state_class: ClassVar[type | None] = None  # carried between stages (a dataclass)
+    trace_class: ClassVar[type | None] = None  # reported per query: the results' ``trace`` column
     needs_retriever: ClassVar[bool] = False
     needs_datastore: ClassVar[bool] = False  # token-level retrieval (KNN-LM)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.model_roles = tuple(cls.needs)
 
     def __init__(self, config: MethodConfig | None = None, **overrides: Any):
         if config is None:
@@ -80,33 +109,22 @@ class Method:
     def stages(self) -> list[Stage]:
         raise NotImplementedError
 
+    def results_schema(self):
+        """Core result columns + this method's typed trace struct."""
+        from specrag.schemas.tables import results_schema
+        return results_schema(self.trace_class)
+
     def fingerprint(self) -> str:
         """Short hash of method name + config: results of different settings never mix."""
         blob = json.dumps({"method": self.name, "config": self.config.to_dict()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-# name -> "module:Class"; imported lazily so a method's heavy imports cost nothing until used.
-REGISTRY: dict[str, str] = {
-    "no-retrieval": "specrag.methods.no_retrieval:NoRetrieval",
-    "standard": "specrag.methods.standard:StandardRAG",
-    "retrieve-only": "specrag.methods.retrieve_only:RetrieveOnly",
-    "ralmseq": "specrag.methods.ralm:RaLMSeq",
-    "ralmspec": "specrag.methods.ralmspec:RaLMSpec",
-    "knnlm": "specrag.methods.knnlm:KNNLM",
-    "knnlm-spec": "specrag.methods.knnlm:KNNLMSpec",
-    "speculative-rag": "specrag.methods.speculative_rag:SpeculativeRAG",
-    "sps": "specrag.methods.sps:SPS",
-}
+REGISTRY = METHODS  # name -> Method class (specrag.registry: imported on first use)
 
 
 def method_class(name: str) -> type[Method]:
-    try:
-        target = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)
+    return METHODS[name]  # an unknown name: UnknownEntry (a ValueError) listing the known ones
 
 
 def create_method(name: str, **config: Any) -> Method:
@@ -174,16 +192,26 @@ def describe_methods() -> str:
     return "\n".join(lines)
 
 
+def method_segments(stages: Sequence[Any]) -> list[list[Any]]:
+    """Stages cut before every gathering stage (a keyed join of fanned-out parts): each
+    segment runs fused, as one engine submission (one ParDo in the Beam graph)."""
+    segments: list[list[Any]] = []
+    for stage in stages:
+        if not segments or getattr(stage, "gather", False):
+            segments.append([])
+        segments[-1].append(stage)
+    return segments
+
+
 def merge_parts(parts: list[QueryState]) -> QueryState:
-    """Re-join a query's fanned-out parts: part order, traces merged, parts in scratch."""
+    """Re-join a query's fanned-out parts: part order, traces merged, the parts in ``gathered``."""
     if not parts:
         raise ValueError("merge_parts needs at least one part")
     parts = sorted(parts, key=lambda p: p.part)
     expected = parts[0].parts
     if [p.part for p in parts] != list(range(expected)):
         raise ValueError(f"query {parts[0].id}: have parts {[p.part for p in parts]} of {expected}")
-    merged = dataclasses.replace(parts[0], part=0, parts=1, trace=Trace(),
-                                 scratch={**parts[0].scratch, "parts": parts})
+    merged = dataclasses.replace(parts[0], part=0, parts=1, trace=Trace(), gathered=parts)
     for p in parts:
         merged.trace.merge(p.trace)
     return merged

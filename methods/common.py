@@ -1,7 +1,7 @@
 """Stages shared by several methods: retrieve for the question, generate the final answer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specrag.inference.types import GenerateRequest
 from specrag.methods.base import QueryState
@@ -53,7 +53,29 @@ class Generate:
         return finalise_answer(item, out.text)
 
 
-def finalise_tokens(item: QueryState, ctx, out: list[int], **details) -> QueryState:
-    """Iterative methods that build their answer as token ids: record them, decode, finalise."""
-    item.trace.details.update({"output_ids": list(out), **details})
+@dataclass
+class TokenTrace:
+    """Methods that build their answer token by token: the answer's token ids."""
+
+    output_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SpeculationTrace:
+    """Speculative retrieval (RaLMSpec, KNN-LM with speculation): what the speculation did."""
+
+    output_ids: list[int] = field(default_factory=list)
+    step_docs: list[str] = field(default_factory=list)  # the document each accepted step used
+    speculation_steps: int = 0
+    verifications: int = 0
+    stride_history: list[int] = field(default_factory=list)
+    cache_size: int = 0
+
+
+def finalise_tokens(item: QueryState, ctx, out: list[int], record=None) -> QueryState:
+    """Iterative methods that build their answer as token ids: record them (into the method's
+    typed trace ``record``, a TokenTrace by default), decode, finalise."""
+    record = record if record is not None else TokenTrace()
+    record.output_ids = list(out)
+    item.trace.method = record
     return finalise_answer(item, ctx.detokenize(out))

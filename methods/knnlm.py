@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrag.inference.capabilities import NEXT_TOKEN
 from specrag.inference.types import NextToken, NextTokenRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
-from specrag.methods.common import finalise_tokens
+from specrag.methods.common import SpeculationTrace, TokenTrace, finalise_tokens
 from specrag.methods.os3 import StrideScheduler
 from specrag.methods.prompts import build_prompt
 from specrag.retrieval.speculation import SpeculationCache
@@ -92,8 +93,8 @@ class _TokenSteps:
         out.append(token)
         return len(out) >= self.config.max_new_tokens
 
-    def finalise(self, out: list[int], **details) -> QueryState:
-        return finalise_tokens(self.item, self.ctx, out, **details)
+    def finalise(self, out: list[int], record=None) -> QueryState:
+        return finalise_tokens(self.item, self.ctx, out, record)
 
 
 @dataclass
@@ -128,7 +129,7 @@ class KNNLMSpecLoop:
         store = ctx.datastore()
         cache = SpeculationCache()
         scheduler = StrideScheduler(cfg.os3_window, cfg.os3_gamma_max, cfg.os3_max_stride)
-        stats = {"speculation_steps": 0, "verifications": 0, "stride_history": []}
+        stats = SpeculationTrace()
         out: list[int] = []
         state = await steps.state(out)  # the first token with the true neighbours
         ids, dists = await ctx.knn(state.hidden, cfg.k)
@@ -136,7 +137,7 @@ class KNNLMSpecLoop:
         done = steps.append(out, steps.token(state, ids, dists))
         while not done:
             stride = scheduler.next_stride() if cfg.os3 else cfg.speculation_stride
-            stats["stride_history"].append(stride)
+            stats.stride_history.append(stride)
             guesses: list[_Guess] = []
             finished = False
             while len(guesses) < stride and not finished:
@@ -146,14 +147,14 @@ class KNNLMSpecLoop:
                 guess = _Guess(len(out), state, steps.token(state, c_ids, c_dists))
                 guesses.append(guess)
                 finished = steps.append(out, guess.token)
-                stats["speculation_steps"] += 1
+                stats.speculation_steps += 1
                 scheduler.record_step(time.perf_counter() - t0)
             t0 = time.perf_counter()
             truths = await ctx.knn_many([g.state.hidden for g in guesses], cfg.k)
             true_tokens = [steps.token(g.state, i, d) for g, (i, d) in zip(guesses, truths)]
             matched = next((j for j, (g, t) in enumerate(zip(guesses, true_tokens)) if g.token != t), len(guesses))
             scheduler.record_verification(time.perf_counter() - t0, len(guesses), matched)
-            stats["verifications"] += 1
+            stats.verifications += 1
             for i, _ in truths:
                 cache.add(store.following(i, cfg.follow))
             item.trace.count("speculation_accepted", matched)
@@ -164,14 +165,16 @@ class KNNLMSpecLoop:
             item.trace.count("rollbacks")
             del out[guesses[matched].start:]
             done = steps.append(out, true_tokens[matched])  # the verification already knows it
-        stats["cache_size"] = len(cache)
-        return steps.finalise(out, **stats)
+        stats.cache_size = len(cache)
+        return steps.finalise(out, stats)
 
 
 class KNNLM(Method):
     name = "knnlm"
     config_class = KNNLMConfig
+    needs = {"generator": (NEXT_TOKEN,)}
     needs_datastore = True
+    trace_class = TokenTrace
 
     def stages(self):
         return [KNNLMLoop(self.config)]
@@ -180,7 +183,9 @@ class KNNLM(Method):
 class KNNLMSpec(Method):
     name = "knnlm-spec"
     config_class = KNNLMSpecConfig
+    needs = {"generator": (NEXT_TOKEN,)}
     needs_datastore = True
+    trace_class = SpeculationTrace
 
     def stages(self):
         return [KNNLMSpecLoop(self.config)]

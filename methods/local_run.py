@@ -1,22 +1,22 @@
 """Run a method's stages over many queries without Beam (tests, benchmarks, notebooks).
 
-The same stage code and the same engine as the pipeline; fan-out parts are re-joined in
-memory where the pipeline uses its keyed GatherParts join.
+The same stage code, the same engine and the same fused segments as the pipeline; fan-out
+parts are re-joined in memory where the pipeline uses its keyed GatherParts join.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
 
-from specrag.methods.base import Method, QueryState, merge_parts
+from specrag.methods.base import Method, QueryState, merge_parts, method_segments
 
 
 def run_method(engine: Any, method: Method, queries: list[dict]) -> tuple[list[QueryState], list[dict]]:
     """Returns (finished states in input order, failures as {id, stage, error})."""
     states = [QueryState(query=q) for q in queries]
     failures: list[dict] = []
-    for stage in method.stages():
-        if getattr(stage, "gather", False):
+    for segment in method_segments(method.stages()):
+        if getattr(segment[0], "gather", False):
             by_id: dict[str, list[QueryState]] = defaultdict(list)
             for s in states:
                 by_id[s.id].append(s)
@@ -25,12 +25,12 @@ def run_method(engine: Any, method: Method, queries: list[dict]) -> tuple[list[Q
                 try:
                     states.append(merge_parts(parts))
                 except ValueError as e:  # a part failed earlier: the query fails here, once
-                    failures.append({"id": qid, "stage": stage.name, "error": repr(e)})
-        outcomes = engine.run_stage(stage, states)
+                    failures.append({"id": qid, "stage": segment[0].name, "error": repr(e)})
+        outcomes = engine.run_stages(segment, states)
         next_states = []
         for state, outcome in zip(states, outcomes):
             if outcome.error is not None:
-                failures.append({"id": state.id, "stage": stage.name, "error": repr(outcome.error)})
+                failures.append({"id": state.id, "stage": outcome.stage, "error": repr(outcome.error)})
             else:
                 next_states.extend(outcome.outputs)
         states = next_states

@@ -13,7 +13,7 @@ and the tokens before it, not on which other queries share the engine's batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specrag.inference.types import GenerateRequest, Generation
@@ -82,8 +82,16 @@ class RaLMSteps:
     def finished(self, gen: Generation, out: list[int]) -> bool:
         return gen.finish_reason == "stop" or len(out) >= self.config.max_new_tokens
 
-    def finalise(self, out: list[int], **details) -> QueryState:
-        return finalise_tokens(self.item, self.ctx, out, **details)
+    def finalise(self, out: list[int], record) -> QueryState:
+        return finalise_tokens(self.item, self.ctx, out, record)
+
+
+@dataclass
+class RaLMTrace:
+    """The answer's token ids and the document each generation step used."""
+
+    output_ids: list[int] = field(default_factory=list)
+    step_docs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -103,12 +111,13 @@ class RaLMSeqLoop:
             gen = await steps.step(doc, out)
             out += gen.token_ids
             if steps.finished(gen, out):
-                return steps.finalise(out, step_docs=docs)
+                return steps.finalise(out, RaLMTrace(step_docs=docs))
 
 
 class RaLMSeq(Method):
     name = "ralmseq"
     config_class = RaLMConfig
+    trace_class = RaLMTrace
     needs_retriever = True
 
     def stages(self):

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from specrag.methods.base import Method, QueryState
+from specrag.methods.common import SpeculationTrace
 from specrag.methods.os3 import StrideScheduler
 from specrag.methods.ralm import RaLMConfig, RaLMSteps
 from specrag.retrieval.base import Hit
@@ -65,7 +66,7 @@ class RaLMSpecLoop:
         steps = RaLMSteps(item, ctx, cfg, self.name)
         cache, known = SpeculationCache(), {}
         scheduler = StrideScheduler(cfg.os3_window, cfg.os3_gamma_max, cfg.os3_max_stride, cfg.async_verification)
-        stats = {"speculation_steps": 0, "verifications": 0, "stride_history": []}
+        stats = SpeculationTrace()
         out: list[int] = []
         docs: list[str] = []
 
@@ -82,7 +83,7 @@ class RaLMSpecLoop:
             start = len(out)
             gen = await steps.step(doc, out)
             out.extend(gen.token_ids)
-            stats["speculation_steps"] += 1
+            stats.speculation_steps += 1
             scheduler.record_step(time.perf_counter() - start_t)
             return _Speculated(query, doc, start, list(gen.token_ids), steps.finished(gen, out))
 
@@ -96,7 +97,7 @@ class RaLMSpecLoop:
         carried: list[_Speculated] = []  # a step speculated during the last verification
         while not done:
             stride = scheduler.next_stride() if cfg.os3 else cfg.speculation_stride
-            stats["stride_history"].append(stride)
+            stats.stride_history.append(stride)
             round_: list[_Speculated] = list(carried)
             carried = []
             while len(round_) < stride and not (round_ and round_[-1].finished):
@@ -114,7 +115,7 @@ class RaLMSpecLoop:
                 raise
             matched = _matched(round_, truths)
             scheduler.record_verification(time.perf_counter() - verify_start, len(round_), matched)
-            stats["verifications"] += 1
+            stats.verifications += 1
             for hits in truths:
                 remember(hits)
             item.trace.count("speculation_accepted", matched)
@@ -139,8 +140,8 @@ class RaLMSpecLoop:
             out += gen.token_ids
             docs.append(true_doc.doc_id)
             done = steps.finished(gen, out)
-        stats["cache_size"] = len(cache)
-        return steps.finalise(out, step_docs=docs, **stats)
+        stats.cache_size, stats.step_docs = len(cache), docs
+        return steps.finalise(out, stats)
 
 
 def _matched(round_: list[_Speculated], truths: list[list[Hit]]) -> int:
@@ -155,6 +156,7 @@ class RaLMSpec(Method):
     name = "ralmspec"
     config_class = RaLMSpecConfig
     needs_retriever = True
+    trace_class = SpeculationTrace
 
     def stages(self):
         return [RaLMSpecLoop(self.config)]

@@ -19,7 +19,7 @@ class RetrieveOnlyConfig(MethodConfig):
 class RetrieveOnly(Method):
     name = "retrieve-only"
     config_class = RetrieveOnlyConfig
-    model_roles = ()
+    needs = {}
     needs_retriever = True
 
     def stages(self):

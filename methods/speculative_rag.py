@@ -12,10 +12,11 @@ instruction-tuned for RAG, so the answer and the rationale are generated as two 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.types import GenerateRequest, ScoreRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
 from specrag.methods.common import Retrieve, finalise_answer
@@ -69,6 +70,45 @@ class SpeculativeRAGConfig(MethodConfig):
             raise ValueError("rationale_max_new_tokens must be >= 0 (0: drafts without rationale)")
 
 
+@dataclass
+class DraftRecord:
+    """One draft: the drafter's answer and rationale from one subset, and its scores."""
+
+    index: int = 0
+    doc_ids: list[str] = field(default_factory=list)
+    answer: str = ""
+    rationale: str = ""
+    parsed: str = "empty"  # ok | no_rationale | empty
+    raw: str = ""  # the drafter's own output, both parts
+    rho_draft: float = 0.0  # log P(answer, rationale | Q, subset) under the drafter
+    rho_sc: float | None = None  # log P(answer, rationale | Q) under the verifier
+    rho_sr: float | None = None  # log P("Yes" | Q, answer, rationale, R) under the verifier
+    draft_tokens: int = 0
+    sc_tokens: int = 0
+    score: float | None = None  # the combined score the selection used (None: random selection)
+
+    @property
+    def text(self) -> str:
+        return draft_text(self.answer, self.rationale).strip()
+
+
+@dataclass
+class SpeculativeRAGState:
+    """Carried from SampleSubsets to Select: a part's subset (indexes into the documents) and draft."""
+
+    subset: list[int] = field(default_factory=list)
+    draft: DraftRecord | None = None
+
+
+@dataclass
+class SpeculativeRAGTrace:
+    """The results' ``trace`` column: clusters, every draft with its scores, the chosen one."""
+
+    clusters: list[list[str]] = field(default_factory=list)
+    drafts: list[DraftRecord] = field(default_factory=list)
+    chosen_draft: int | None = None
+
+
 def parse_draft(answer_output: str, rationale_output: str) -> tuple[str, str, str]:
     """(answer, rationale, status): status "ok", "no_rationale" (an answer only) or "empty"."""
     answer = answer_output.strip().splitlines()[0].strip() if answer_output.strip() else ""
@@ -83,27 +123,26 @@ def draft_text(answer: str, rationale: str) -> str:
     return f" {answer}\nRationale: {rationale}" if rationale else f" {answer}"
 
 
-def combined_score(draft: dict, used: tuple[str, ...], length_normalize: bool = False) -> float:
+def combined_score(draft: DraftRecord, used: tuple[str, ...], length_normalize: bool = False) -> float:
     """Sum of the used log-scores; an unparsable draft is -inf (never chosen over a real one)."""
-    if draft["parsed"] == "empty":
+    if draft.parsed == "empty":
         return -math.inf
-    if not length_normalize:
-        return float(sum(draft[f"rho_{name}"] for name in used))
-    per_token = {"draft": draft["rho_draft"] / max(draft["draft_tokens"], 1),
-                 "sc": draft["rho_sc"] / max(draft["sc_tokens"], 1) if draft["rho_sc"] is not None else None,
-                 "sr": draft["rho_sr"]}
-    return float(sum(per_token[name] for name in used))
+    rho = {"draft": draft.rho_draft, "sc": draft.rho_sc, "sr": draft.rho_sr}
+    if length_normalize:
+        rho["draft"] = draft.rho_draft / max(draft.draft_tokens, 1)
+        rho["sc"] = draft.rho_sc / max(draft.sc_tokens, 1) if draft.rho_sc is not None else None
+    return float(sum(rho[name] for name in used))
 
 
-def choose_draft(drafts: list[dict], config: SpeculativeRAGConfig, query_id: str) -> dict:
+def choose_draft(drafts: list[DraftRecord], config: SpeculativeRAGConfig, query_id: str) -> DraftRecord:
     """Set each draft's combined score and return the selected draft: the argmax (ties to
     the lowest index) or, for the random-selection ablation, a seeded pick among parsable ones."""
     for d in drafts:
-        d["score"] = combined_score(d, config.scores, config.length_normalize) if config.selection == "score" else None
+        d.score = combined_score(d, config.scores, config.length_normalize) if config.selection == "score" else None
     if config.selection == "random":
-        pool = [d for d in drafts if d["parsed"] != "empty"] or drafts
+        pool = [d for d in drafts if d.parsed != "empty"] or drafts
         return pool[int(np.random.default_rng(query_seed(config.seed + 1, query_id)).integers(len(pool)))]
-    return max(drafts, key=lambda d: (d["score"], -d["index"]))
+    return max(drafts, key=lambda d: (d.score, -d.index))
 
 
 @dataclass
@@ -119,11 +158,11 @@ class SampleSubsets:
         vectors = await ctx.embed([f"{d.title}: {d.text}" if d.title else d.text for d in docs]) if docs else []
         sampled = sample_subsets(np.asarray(vectors), c.docs_per_draft, c.drafts, query_seed(c.seed, item.id),
                                  c.subset_mode)
-        item.trace.details["clusters"] = [[docs[i].doc_id for i in cl] for cl in sampled.clusters]
+        item.trace.of(SpeculativeRAGTrace).clusters = [[docs[i].doc_id for i in cl] for cl in sampled.clusters]
         parts = []
         for j, subset in enumerate(sampled.subsets):
             part = item.fork(j, len(sampled.subsets))
-            part.scratch["subset"] = subset
+            part.state_of(SpeculativeRAGState).subset = [int(i) for i in subset]
             parts.append(part)
         return parts
 
@@ -144,7 +183,8 @@ class Draft:
 
     async def run(self, item: QueryState, ctx) -> QueryState:
         c, q = self.config, item.query
-        docs = [item.docs[i] for i in item.scratch["subset"]]
+        state = item.state_of(SpeculativeRAGState)
+        docs = [item.docs[i] for i in state.subset]
         prompt = build_prompt(q, docs)
         first = await ctx.generate(GenerateRequest(
             prompt, stop=STOP[q["task_type"]], max_new_tokens=c.answer_max_new_tokens or MAX_NEW_TOKENS[q["task_type"]],
@@ -160,11 +200,11 @@ class Draft:
                                                         batch_invariant=c.batch_invariant), model="drafter")
             rationale_text, rationale_lp = second.text, second.token_logprobs
         answer, rationale, status = parse_draft(first.text, rationale_text)
-        item.scratch["draft"] = {
-            "index": item.part, "doc_ids": [d.doc_id for d in docs], "raw": first.text + RATIONALE_PREFIX + rationale_text,
-            "answer": answer, "rationale": rationale, "parsed": status,
-            "rho_draft": float(sum(first.token_logprobs) + sum(rationale_lp)),
-            "draft_tokens": len(answer_ids) + (len(second.token_ids) if second else 0)}
+        state.draft = DraftRecord(
+            index=item.part, doc_ids=[d.doc_id for d in docs], raw=first.text + RATIONALE_PREFIX + rationale_text,
+            answer=answer, rationale=rationale, parsed=status,
+            rho_draft=float(sum(first.token_logprobs) + sum(rationale_lp)),
+            draft_tokens=len(answer_ids) + (len(second.token_ids) if second else 0))
         return item
 
 
@@ -176,16 +216,16 @@ class Verify:
     name: str = "Verify"
 
     async def run(self, item: QueryState, ctx) -> QueryState:
-        d = item.scratch["draft"]
-        d["rho_sc"] = d["rho_sr"] = None
-        d["sc_tokens"] = 0
-        if {"sc", "sr"} & set(self.config.scores) and self.config.selection == "score" and d["parsed"] != "empty":
-            segments = (f"Answer:{draft_text(d['answer'], d['rationale'])}",
+        d = item.state_of(SpeculativeRAGState).draft
+        d.rho_sc = d.rho_sr = None
+        d.sc_tokens = 0
+        if {"sc", "sr"} & set(self.config.scores) and self.config.selection == "score" and d.parsed != "empty":
+            segments = (f"Answer:{draft_text(d.answer, d.rationale)}",
                         f"\n{self.config.reflection}\nAnswer:", " Yes")
             scored = await ctx.score(ScoreRequest.of_segments(task_input(item.query) + "\n", segments),
                                      model="verifier")
-            d["rho_sc"], _, d["rho_sr"] = scored.segment_totals()
-            d["sc_tokens"] = scored.segment_lengths[0]
+            d.rho_sc, _, d.rho_sr = scored.segment_totals()
+            d.sc_tokens = scored.segment_lengths[0]
         return item
 
 
@@ -199,25 +239,21 @@ class Select:
 
     async def run(self, item: QueryState, ctx) -> QueryState:
         c = self.config
-        drafts = [p.scratch["draft"] for p in item.scratch.pop("parts")]
+        drafts = [p.state_of(SpeculativeRAGState).draft for p in item.gathered]
         chosen = choose_draft(drafts, c, item.id)
-        item.trace.drafts = [{"text": draft_text(d["answer"], d["rationale"]).strip(), "score": d["score"],
-                              "doc_ids": d["doc_ids"], "answer": d["answer"], "rationale": d["rationale"],
-                              "parsed": d["parsed"], "rho_draft": d["rho_draft"], "rho_sc": d["rho_sc"],
-                              "rho_sr": d["rho_sr"], "draft_tokens": d["draft_tokens"], "sc_tokens": d["sc_tokens"]}
-                             for d in drafts]
-        item.trace.chosen_draft = chosen["index"]
-        item.trace.details["draft_raw"] = [d["raw"] for d in drafts]
-        item.scratch.pop("draft", None)
-        item.scratch.pop("subset", None)
-        return finalise_answer(item, chosen["answer"])
+        trace = item.trace.of(SpeculativeRAGTrace)
+        trace.drafts, trace.chosen_draft = drafts, chosen.index
+        item.gathered, item.method_state = None, None  # the parts are in the trace now
+        return finalise_answer(item, chosen.answer)
 
 
 class SpeculativeRAG(Method):
     name = "speculative-rag"
     config_class = SpeculativeRAGConfig
-    model_roles = ("drafter", "verifier", "embedder")
+    needs = {"drafter": (GENERATE,), "verifier": (SCORE,), "embedder": (EMBED,)}
     needs_retriever = True
+    state_class = SpeculativeRAGState
+    trace_class = SpeculativeRAGTrace
 
     def stages(self):
         c = self.config

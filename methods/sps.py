@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from specrag.inference.capabilities import EMBED, GENERATE
 from specrag.inference.types import GenerateRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
 from specrag.methods.common import Retrieve, finalise_tokens
@@ -61,6 +62,41 @@ def most_consistent(embeddings: np.ndarray) -> tuple[int, list[float]]:
     return int(np.argmax(sums)), [float(x) for x in sums]
 
 
+@dataclass
+class NextRetrieval:
+    """The retrieval started during a stage, for the stage after it (times from the query's start)."""
+
+    query: str = ""
+    for_stage: int = 0
+    start: float = 0.0
+    end: float | None = None  # None: cancelled before it answered
+    doc_ids: list[str] = field(default_factory=list)
+    used: bool | None = None  # False: the answer ended first, the documents were not needed
+    cancelled: bool | None = None
+
+
+@dataclass
+class SPSStage:
+    """One stage of Algorithm 1: its documents, the m candidate chunks, the one kept."""
+
+    stage: int = 0
+    doc_ids: list[str] = field(default_factory=list)
+    docs_query: str = ""  # the query the documents were retrieved for
+    gen_start: float = 0.0
+    gen_end: float = 0.0
+    subsets: list[list[str]] = field(default_factory=list)
+    candidates: list[str] = field(default_factory=list)
+    similarity: list[float] = field(default_factory=list)  # Σ_i cos U_ij per candidate ([] for random)
+    chosen: int = 0
+    next_retrieval: NextRetrieval | None = None
+
+
+@dataclass
+class SPSTrace:
+    output_ids: list[int] = field(default_factory=list)
+    stages: list[SPSStage] = field(default_factory=list)
+
+
 class StagedLoop:
     """Algorithm 1 for one query: the retrieval for the next stage overlaps this stage's chunks."""
 
@@ -78,17 +114,17 @@ class StagedLoop:
         docs = item.docs  # RET_0: the question's documents (Retrieve stage), for chunks 1 and 2
         docs_query = q["question"]
         answer: list[int] = []
-        stages: list[dict] = []
+        stages: list[SPSStage] = []
         while True:
             n = len(stages) + 1
-            record = {"stage": n, "doc_ids": [d.doc_id for d in docs], "docs_query": docs_query}
+            record = SPSStage(stage=n, doc_ids=[d.doc_id for d in docs], docs_query=docs_query)
             task, info = None, None
             if c.staged_retrieval and answer:
                 # documents for stage n+1, from the whole answer so far, fetched while chunk n is written
-                info = {"query": f"{q['question']} {ctx.detokenize(answer)}", "for_stage": n + 1,
-                        "start": clock() - t0}
+                info = NextRetrieval(query=f"{q['question']} {ctx.detokenize(answer)}", for_stage=n + 1,
+                                     start=clock() - t0)
                 task = ctx.spawn(self._retrieve(ctx, info, t0))
-            record["gen_start"] = clock() - t0
+            record.gen_start = clock() - t0
             subsets, candidates = await self._candidates(item, ctx, docs, answer, min(c.chunk_tokens, limit - len(answer)),
                                                          rng)
             texts = [ctx.detokenize(answer + list(g.token_ids)) for g in candidates]
@@ -96,29 +132,29 @@ class StagedLoop:
                 chosen, sims = int(rng.integers(len(candidates))), []
             else:
                 chosen, sims = most_consistent(await ctx.embed(texts))
-            record["gen_end"] = clock() - t0
+            record.gen_end = clock() - t0
             pick = candidates[chosen]
             answer += list(pick.token_ids)
-            record.update(subsets=[[docs[i].doc_id for i in sub] for sub in subsets],
-                          candidates=[ctx.detokenize(g.token_ids) for g in candidates], similarity=sims,
-                          chosen=chosen, next_retrieval=info)
+            record.subsets = [[docs[i].doc_id for i in sub] for sub in subsets]
+            record.candidates = [ctx.detokenize(g.token_ids) for g in candidates]
+            record.similarity, record.chosen, record.next_retrieval = sims, chosen, info
             stages.append(record)
             finished = pick.finish_reason == "stop" or len(answer) >= limit
             if task is not None and finished:  # the answer is complete: that retrieval is not needed
-                info["used"], info["cancelled"] = False, not task.done()
+                info.used, info.cancelled = False, not task.done()
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             if finished:
                 break
             if task is not None:
-                docs, docs_query = await task, info["query"]
-                info["used"] = True
-        return finalise_tokens(item, ctx, answer, stages=stages)
+                docs, docs_query = await task, info.query
+                info.used = True
+        return finalise_tokens(item, ctx, answer, SPSTrace(stages=stages))
 
-    async def _retrieve(self, ctx, info: dict, t0: float):
-        hits = await ctx.retrieve(info["query"], self.config.top_k, stage=self.name)
-        info["end"] = time.perf_counter() - t0
-        info["doc_ids"] = [h.doc_id for h in hits]
+    async def _retrieve(self, ctx, info: NextRetrieval, t0: float):
+        hits = await ctx.retrieve(info.query, self.config.top_k, stage=self.name)
+        info.end = time.perf_counter() - t0
+        info.doc_ids = [h.doc_id for h in hits]
         return hits
 
     async def _candidates(self, item, ctx, docs, answer, budget, rng):
@@ -136,8 +172,9 @@ class StagedLoop:
 class SPS(Method):
     name = "sps"
     config_class = SPSConfig
-    model_roles = ("generator", "embedder")
+    needs = {"generator": (GENERATE,), "embedder": (EMBED,)}
     needs_retriever = True
+    trace_class = SPSTrace
 
     def stages(self):
         return [Retrieve(self.config.top_k), StagedLoop(self.config)]

@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.shared import Shared
 
 from specrag.methods.base import Method, QueryState
-from specrag.schemas.tables import DEAD_LETTERS, RESULTS
+from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
 from specrag.pipelines.manifest import write_manifest
 from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
@@ -55,7 +55,8 @@ class AnswerJob:
     extra_manifest: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        self.runtime.validate(self.method.model_roles, self.method.needs_retriever, self.method.needs_datastore)
+        self.runtime.validate(self.method.needs, self.method.needs_retriever, self.method.needs_datastore,
+                              method=f"method {self.method.name!r}")
         if self.batch_size < 1 or self.num_shards < 1:
             raise ValueError("batch_size and num_shards must be >= 1")
         if not 0.0 <= self.max_failure_fraction <= 1.0:
@@ -85,8 +86,8 @@ def _count_dead(row: dict) -> dict:
 
 def _result_row(kv, name: str, fingerprint: str) -> dict:
     row = result_row(kv[1], name, fingerprint)
-    counts = row["trace"]["counts"]
-    for key in ("model_calls", "prompt_tokens", "generated_tokens", "retrieval_calls"):
+    counts = row["counts"]
+    for key in ("model_calls", "prompt_tokens", "generated_tokens", "retrieval_calls", "embed_calls"):
         if counts.get(key):
             Metrics.counter(NAMESPACE, key).inc(counts[key])
     Metrics.counter(NAMESPACE, "answered").inc()
@@ -120,7 +121,7 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     name, fp = job.method.name, fingerprint or run_fingerprint(run_identity(job))
     (keyed
      | "ToResultRows" >> beam.Map(_result_row, name, fp)
-     | "WriteResults" >> WriteParquetShards(join(out, f"results-{attempt:03d}"), RESULTS,
+     | "WriteResults" >> WriteParquetShards(join(out, f"results-{attempt:03d}"), job.method.results_schema(),
                                             job.shard_rows, counter="results"))
     (dead
      | "FlattenDeadLetters" >> beam.Flatten()
@@ -160,9 +161,13 @@ def identity_differences(earlier: dict, now: dict, prefix: str = "") -> list[str
 
 
 def check_resumable(out: str, identity: dict[str, Any]) -> None:
-    """Refuse to resume a folder whose earlier run had another identity, saying what differs."""
+    """Refuse to resume a folder whose earlier run had another identity, saying what differs.
+    The identity file is written before a run starts, so it covers every result file there."""
     path = join(out, IDENTITY_FILE)
     if not exists(path):
+        if match_files(join(out, "results-*.parquet")):
+            raise ValueError(f"cannot resume {out}: it holds results but no {IDENTITY_FILE} that says how "
+                             "they were made; use --overwrite or a new --output")
         return
     diffs = identity_differences(json.loads(read_text(path)), json.loads(json.dumps(identity, default=str)))
     if diffs:
@@ -170,15 +175,10 @@ def check_resumable(out: str, identity: dict[str, Any]) -> None:
                          f"({'; '.join(diffs)}); use the same settings, --overwrite, or a new --output")
 
 
-def finished_files(out: str, fingerprint: str) -> tuple[list[str], int]:
-    """Earlier attempts' result files (same run fingerprint only) and the next attempt number."""
+def finished_files(out: str) -> tuple[list[str], int]:
+    """Earlier attempts' result files and the next attempt number (``check_resumable`` has
+    made sure they share this run's identity)."""
     files = match_files(join(out, "results-*.parquet"))
-    for f in files:
-        column = read_parquet(f, columns=["config_fingerprint"]).column("config_fingerprint")
-        other = set(column.unique().to_pylist()) - {fingerprint}
-        if other:
-            raise ValueError(f"{out} holds results of another configuration ({sorted(other)}); "
-                             "resume only with the same settings, or use a new --output")
     attempts = [int(n.split("-")[1]) for n in (f.rsplit("/", 1)[-1] for f in files) if n.split("-")[1].isdigit()]
     return files, (max(attempts) + 1 if attempts else 0)
 
@@ -204,7 +204,7 @@ def run_answer(job: AnswerJob) -> dict:
     mkdirs(out)
     # written before the run: a killed run can still only be resumed with the same identity
     write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
-    done, attempt = finished_files(out, fingerprint) if job.resume else ([], 0)
+    done, attempt = finished_files(out) if job.resume else ([], 0)
     stale = match_files(join(out, "dead_letters-*.parquet")) + match_files(join(out, ".*.inprogress"))
     if not job.resume:
         stale += match_files(join(out, "results-*.parquet"))
@@ -215,12 +215,12 @@ def run_answer(job: AnswerJob) -> dict:
     result = p.run()
     result.wait_until_finish()
     counters = _counters(result)
-    failed, inputs = _failure_share(out, attempt)
+    failed, inputs = _failure_share(out, attempt, counters)
     manifest = write_manifest(out, {
         "job": "answer",
         "method": job.method.name,
         "method_config": job.method.config.to_dict(),
-        "config_fingerprint": fingerprint,
+        "run_fingerprint": fingerprint,
         "method_fingerprint": job.method.fingerprint(),
         "identity": identity,
         "runtime": job.runtime.to_dict(),
@@ -256,8 +256,12 @@ def _counters(result) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _failure_share(out: str, attempt: int) -> tuple[int, int]:
-    """(queries in this attempt's dead letters, queries this attempt handled) from its files."""
+def _failure_share(out: str, attempt: int, counters: dict[str, int]) -> tuple[int, int]:
+    """(dead letters, queries this attempt handled): from the job's counters (each failed query
+    is one dead letter, each rejected row too); read from its files on a runner without metrics."""
+    if "results" in counters or "dead_letters" in counters:
+        failed = counters.get("dead_letters", 0)
+        return failed, failed + counters.get("results", 0)
     ids: set = set()
     no_id = 0  # rows rejected before they had an id count one each
     for f in match_files(join(out, f"dead_letters-{attempt:03d}-*.parquet")):

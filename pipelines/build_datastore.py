@@ -4,18 +4,19 @@ The Beam job validates passages and runs the generator over them on the workers 
 forcing, each text alone), writing (passage id, position, key, value) shards. The
 datastore is then assembled in corpus order — passages by id, positions ascending — so an
 entry's successors are the contexts that followed it, and indexed (exact and HNSW L2).
+Every read and write goes through FileSystems: a datastore on gs:// or s3:// is built in a
+local staging folder and published there, manifest last.
 """
 from __future__ import annotations
 
-import glob
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -24,6 +25,7 @@ from specrag.retrieval.base import passage_text
 from specrag.retrieval.datastore import KINDS, write_datastore
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_passage
+from specrag.transforms import files
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.runtime import load_backend
 from specrag.transforms.validate import ValidateRows
@@ -51,31 +53,40 @@ class ContextStates(beam.DoFn):
 def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m-instruct", max_tokens: int = 128,
                         max_entries: int | None = None, kinds: tuple[str, ...] = KINDS, num_threads: int = 1,
                         dtype: str = "float32", beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)) -> dict:
-    files = expand_inputs(corpus)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out / "entries", ignore_errors=True)  # also a killed run's beam-temp folders
-    for stale in glob.glob(str(out / "dead_letters*")):
-        Path(stale).unlink()
+    inputs = expand_inputs(corpus)
+    out = str(out_dir)
+    files.mkdirs(out)
+    # earlier entries (also a killed run's beam-temp folders) and dead letters
+    files.remove_tree(files.join(out, "entries"))
+    files.delete(files.match_files(files.join(out, "dead_letters*")))
     started = time.time()
     with beam.Pipeline(options=PipelineOptions(list(beam_args))) as p:
         valid, dead = (p | "ReadCorpus" >> ReadParquetRows(corpus)
                        | "ValidatePassages" >> ValidateRows(validate_passage))
-        dead | "WriteDeadLetters" >> WriteToParquet(str(out / "dead_letters"), DEAD_LETTERS,
+        dead | "WriteDeadLetters" >> WriteToParquet(files.join(out, "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")
         (valid
          | "BatchPassages" >> beam.BatchElements(min_batch_size=8, max_batch_size=32)
          | "ContextStates" >> beam.ParDo(ContextStates(model, num_threads, max_tokens, dtype))
-         | "WriteEntries" >> WriteToParquet(str(out / "entries" / "part"), ENTRIES, file_name_suffix=".parquet"))
-    table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(str(out / "entries" / "*.parquet")))])
+         | "WriteEntries" >> WriteToParquet(files.join(out, "entries", "part"), ENTRIES, file_name_suffix=".parquet"))
+    shards = sorted(files.match_files(files.join(out, "entries", "*.parquet")))
+    table = pa.concat_tables([files.read_parquet(f) for f in shards])
     table = table.sort_by([("passage", "ascending"), ("position", "ascending")])
     if max_entries is not None:
         table = table.slice(0, max_entries)
     keys = np.asarray(table.column("key").combine_chunks().flatten().to_numpy(zero_copy_only=False),
                       dtype=np.float32).reshape(table.num_rows, -1)
     values = table.column("value").to_numpy()
-    manifest = write_datastore(keys, values, out, model, kinds, {
-        "corpus": dataset_fingerprint(files), "max_tokens": max_tokens, "dtype": dtype,
-        "passages": len(set(table.column("passage").to_pylist()))})
+    local = files.is_local(out)
+    stage = Path(out) if local else Path(tempfile.mkdtemp(prefix="specrag-datastore-"))
+    try:
+        manifest = write_datastore(keys, values, stage, model, kinds, {
+            "corpus": dataset_fingerprint(inputs), "max_tokens": max_tokens, "dtype": dtype,
+            "passages": len(set(table.column("passage").to_pylist()))})
+        if not local:
+            files.publish(stage, out)
+    finally:
+        if not local:
+            shutil.rmtree(stage, ignore_errors=True)
     return write_manifest(out, {"job": "build-datastore", "datastore": manifest, "beam_args": list(beam_args),
                                 "wall_s": round(time.time() - started, 3)}, name="job_manifest.json")

@@ -1,12 +1,16 @@
 """`specrag build-index`: corpus Parquet → validated passages (+ embedding shards) → index folder.
 
 The Beam job validates and deduplicates passages (bad rows to dead letters) and, for dense
-indexes, embeds them in batches on the workers, writing (id, vector) shards. The indexes
-themselves (bm25s, FAISS) are then built from those files in this process.
+indexes, embeds them with Beam's RunInference (the embedder behind a ModelHandler: loaded
+once per worker, batched by BatchElements), writing (id, vector) shards. The indexes
+themselves (bm25s, Lucene, FAISS) are then built from those files in this process. Every
+read and write goes through FileSystems: an index folder on gs:// or s3:// is built in a
+local staging folder and published there, manifest last.
 """
 from __future__ import annotations
 
-import glob
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,68 +18,80 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.parquetio import WriteToParquet
+from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from specrag.inference.triton import TritonConfig
 from specrag.pipelines.manifest import write_manifest
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGES
 from specrag.schemas.validation import validate_passage
+from specrag.transforms import files
+from specrag.transforms.model_handler import BackendModelHandler
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
-from specrag.transforms.runtime import load_backend
 from specrag.transforms.validate import ValidateRows
 
 EMBEDDINGS = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32()))])
 
 
-class EmbedPassages(beam.DoFn):
-    """A batch of passages → (id, vector) rows; the encoder loads once per worker."""
-
-    def __init__(self, model: str, num_threads: int):
-        self.model, self.num_threads = model, num_threads
-
-    def setup(self):
-        self.encoder = load_backend("local", self.model, self.num_threads)
-
-    def process(self, batch: list[dict]):
-        vectors = self.encoder.embed([passage_text(p["title"], p["text"]) for p in batch])
-        for p, v in zip(batch, vectors):
-            yield {"id": p["id"], "vector": v.tolist()}
+def _vector_row(kv) -> dict:
+    qid, prediction = kv
+    return {"id": qid, "vector": prediction.inference.tolist()}
 
 
 def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str = "all-minilm-l6-v2",
                     num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
-                    dense_params: dict[str, dict] | None = None) -> dict:
+                    dense_params: dict[str, dict] | None = None, backend: str = "local",
+                    triton: TritonConfig | None = None) -> dict:
     bad = set(kinds) - set(KINDS)
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")
-    files = expand_inputs(corpus)
-    out = Path(index_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in glob.glob(str(out / "shards" / "*")) + glob.glob(str(out / "embeddings" / "*")):
-        Path(stale).unlink()
+    dense = any(k in DENSE_KINDS for k in kinds)
+    handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton,
+                                  min_batch_size=32, max_batch_size=256) if dense else None
+    inputs = expand_inputs(corpus)
+    index_dir = str(index_dir)
+    files.mkdirs(index_dir)
+    files.remove_tree(files.join(index_dir, "shards"))  # also a killed run's beam-temp folders
+    files.remove_tree(files.join(index_dir, "embeddings"))
+    files.delete(files.match_files(files.join(index_dir, "dead_letters*")))
     started = time.time()
     with beam.Pipeline(options=PipelineOptions(list(beam_args))) as p:
         rows = p | "ReadCorpus" >> ReadParquetRows(corpus)
         valid, dead = rows | "ValidatePassages" >> ValidateRows(validate_passage)
-        valid | "WritePassages" >> WriteToParquet(str(out / "shards" / "passages"), PASSAGES,
+        valid | "WritePassages" >> WriteToParquet(files.join(index_dir, "shards", "passages"), PASSAGES,
                                                   file_name_suffix=".parquet")
-        dead | "WriteDeadLetters" >> WriteToParquet(str(out / "dead_letters"), DEAD_LETTERS,
+        dead | "WriteDeadLetters" >> WriteToParquet(files.join(index_dir, "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")
-        if any(k in DENSE_KINDS for k in kinds):
+        if dense:
             (valid
-             | "BatchPassages" >> beam.BatchElements(min_batch_size=32, max_batch_size=256)
-             | "Embed" >> beam.ParDo(EmbedPassages(embedder, num_threads))
-             | "WriteEmbeddings" >> WriteToParquet(str(out / "embeddings" / "part"), EMBEDDINGS,
+             | "TextById" >> beam.Map(lambda r: (r["id"], passage_text(r["title"], r["text"])))
+             | "Embed" >> RunInference(KeyedModelHandler(handler))
+             | "ToVectorRows" >> beam.Map(_vector_row)
+             | "WriteEmbeddings" >> WriteToParquet(files.join(index_dir, "embeddings", "part"), EMBEDDINGS,
                                                    file_name_suffix=".parquet"))
-    # the document store: one file, rows sorted by id so every build orders alike
-    table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(str(out / "shards" / "*.parquet")))])
-    table = table.sort_by("id")
-    pq.write_table(table.cast(PASSAGES), out / "passages.parquet")
-    dead_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in glob.glob(str(out / "dead_letters*.parquet")))
-    dense = any(k in DENSE_KINDS for k in kinds)
-    index_manifest = finish_index(out, kinds, embedder if dense else None,
-                                  {"corpus": dataset_fingerprint(files), "dead_letters": dead_rows},
-                                  dense_params)
-    return write_manifest(out, {"job": "build-index", "index": index_manifest, "beam_args": list(beam_args),
-                                "wall_s": round(time.time() - started, 3)}, name="build_manifest.json")
+    local = files.is_local(index_dir)
+    stage = Path(index_dir) if local else Path(tempfile.mkdtemp(prefix="specrag-index-"))
+    try:
+        # the document store: one file, rows sorted by id so every build orders alike
+        shards = sorted(files.match_files(files.join(index_dir, "shards", "*.parquet")))
+        table = pa.concat_tables([files.read_parquet(f) for f in shards]).sort_by("id")
+        pq.write_table(table.cast(PASSAGES), stage / "passages.parquet")
+        if dense and not local:  # FAISS is built from local files
+            for f in files.match_files(files.join(index_dir, "embeddings", "*.parquet")):
+                (stage / "embeddings").mkdir(exist_ok=True)
+                (stage / "embeddings" / f.rsplit("/", 1)[-1]).write_bytes(files.read_bytes(f))
+        dead_rows = sum(files.open_parquet(f).metadata.num_rows
+                        for f in files.match_files(files.join(index_dir, "dead_letters*.parquet")))
+        index_manifest = finish_index(stage, kinds, embedder if dense else None,
+                                      {"corpus": dataset_fingerprint(inputs), "dead_letters": dead_rows},
+                                      dense_params)
+        if not local:
+            files.publish(stage, index_dir, skip=("embeddings",))
+    finally:
+        if not local:
+            shutil.rmtree(stage, ignore_errors=True)
+    return write_manifest(index_dir, {"job": "build-index", "index": index_manifest, "beam_args": list(beam_args),
+                                      "embedding": {"backend": backend, "model": embedder} if dense else None,
+                                      "wall_s": round(time.time() - started, 3)}, name="build_manifest.json")

@@ -1,7 +1,9 @@
 """The `specrag` command: import-data, build-index, build-datastore, answer, evaluate, demo.
 
-Arguments the command does not know are passed to Beam as pipeline options (for example
-``--runner=PortableRunner --job_endpoint=...``); one that neither specrag nor any Beam
+The Beam jobs (answer, build-index, build-datastore) take their flags from PipelineOptions
+classes (pipelines/options.py): the same definitions make the CLI, ``--help`` and the
+options that travel with the job. Beam's own flags pass through (for example
+``--runner=PortableRunner --job_endpoint=...``); a flag that neither specrag nor any Beam
 options class knows is an error. The default runner is the FnApiRunner.
 """
 from __future__ import annotations
@@ -30,33 +32,21 @@ def unknown_beam_flags(args: list[str]) -> list[str]:
     return [a for a in unknown if a.startswith("-")]
 
 
-def _beam_args(extra: list[str]) -> tuple[str, ...]:
-    unknown = unknown_beam_flags(extra)
+def _beam_args(flags: list[str]) -> tuple[str, ...]:
+    """A job's flags (specrag's and Beam's), checked, with the default runner."""
+    unknown = unknown_beam_flags(flags)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown}: neither specrag nor Beam defines them "
                          "(see `specrag COMMAND --help`; Beam options are listed in its PipelineOptions)")
-    if not any(a.startswith("--runner") for a in extra):
-        extra = ["--runner=FnApiRunner", *extra]
-    return tuple(extra)
+    if not any(a.startswith("--runner") for a in flags):
+        flags = ["--runner=FnApiRunner", *flags]
+    return tuple(flags)
 
 
-def _runtime(args):
-    from specrag.inference.engine import EngineConfig
-    from specrag.transforms.runtime import RuntimeConfig
-    models = dict(RuntimeConfig().models)
-    for spec in args.model or []:
-        role, _, name = spec.partition("=")
-        models[role] = name
-    triton = None
-    if args.backend == "triton" or args.triton_url:
-        from specrag.inference.triton import TritonConfig
-        triton = TritonConfig(url=args.triton_url or TritonConfig().url, timeout_s=args.triton_timeout,
-                              retries=args.triton_retries)
-    return RuntimeConfig(backend=args.backend, models=tuple(sorted(models.items())),
-                         index_dir=args.index, retriever=args.retriever, num_threads=args.threads, dtype=args.dtype,
-                         engine=EngineConfig(max_batch=args.engine_batch, max_wait_s=args.engine_wait,
-                                             max_in_flight=getattr(args, "max_in_flight", 64)),
-                         triton=triton, datastore_dir=args.datastore, datastore_kind=args.datastore_kind)
+def _job_options(flags: list[str]):
+    from apache_beam.options.pipeline_options import PipelineOptions
+    beam_args = _beam_args(flags)
+    return PipelineOptions(list(beam_args)), beam_args
 
 
 def cmd_import_data(args, extra) -> int:
@@ -67,42 +57,62 @@ def cmd_import_data(args, extra) -> int:
     return 0
 
 
-def cmd_build_index(args, extra) -> int:
+def cmd_build_index(args, flags) -> int:
     from specrag.pipelines.build_index import run_build_index
-    kinds = args.kinds.split(",")
-    dense_params = {k: {"shards": args.dense_shards} for k in kinds if k in ("dense", "hnsw", "ivf")}
-    manifest = run_build_index(args.corpus, args.index, kinds, embedder=args.embedder,
-                               num_threads=args.threads, beam_args=_beam_args(extra), dense_params=dense_params)
+    from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, RuntimeOptions
+    options, beam_args = _job_options(flags)
+    options.view_as(BuildIndexOptions).validate()
+    corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
+    kinds = (corpus.kinds or "bm25").split(",")
+    embedder = runtime.models_by_role({"embedder": "all-minilm-l6-v2"})["embedder"]
+    shards = options.view_as(BuildIndexOptions).dense_shards
+    dense_params = {k: {"shards": shards} for k in kinds if k in ("dense", "hnsw", "ivf")}
+    config = runtime.runtime_config()
+    manifest = run_build_index(corpus.corpus, runtime.index, kinds, embedder=embedder, num_threads=runtime.threads,
+                               beam_args=beam_args, dense_params=dense_params, backend=runtime.backend,
+                               triton=config.triton)
     print(json.dumps(manifest["index"], indent=2))
     return 0
 
 
-def cmd_build_datastore(args, extra) -> int:
+def cmd_build_datastore(args, flags) -> int:
     from specrag.pipelines.build_datastore import run_build_datastore
-    manifest = run_build_datastore(args.corpus, args.out, model=args.model, max_tokens=args.max_tokens,
-                                   max_entries=args.max_entries, kinds=tuple(args.kinds.split(",")),
-                                   num_threads=args.threads, dtype=args.dtype, beam_args=_beam_args(extra))
+    from specrag.pipelines.options import BuildDatastoreOptions, CorpusOptions, RuntimeOptions
+    options, beam_args = _job_options(flags)
+    job = options.view_as(BuildDatastoreOptions)
+    job.validate()
+    corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
+    if runtime.backend != "local":
+        raise ValueError("build-datastore reads hidden states of the model: it runs on the local backend")
+    model = runtime.models_by_role({"generator": "smollm2-135m-instruct"})["generator"]
+    manifest = run_build_datastore(corpus.corpus, runtime.datastore, model=model, max_tokens=job.max_tokens,
+                                   max_entries=job.max_entries, kinds=tuple((corpus.kinds or "flat,hnsw").split(",")),
+                                   num_threads=runtime.threads, dtype=runtime.dtype, beam_args=beam_args)
     print(json.dumps(manifest["datastore"], indent=2))
     return 0
 
 
-def cmd_answer(args, extra) -> int:
+def cmd_answer(args, flags) -> int:
     from specrag.methods import create_method
     from specrag.methods.base import parse_settings
     from specrag.pipelines.answer import AnswerJob, RunFailed, run_answer
-    method = create_method(args.method, **parse_settings(args.method, args.set or []))
-    runtime = _runtime(args).with_roles(method.model_roles)
-    job = AnswerJob(args.queries, args.output, method, runtime, batch_size=args.batch_size,
-                    num_shards=args.shards, beam_args=_beam_args(extra), resume=args.resume,
-                    overwrite=args.overwrite, execution=args.execution,
-                    max_failure_fraction=args.max_failure_fraction, gather_timeout_s=args.gather_timeout,
-                    shard_rows=args.shard_rows, bad_files=args.bad_files)
+    from specrag.pipelines.options import AnswerOptions, RuntimeOptions
+    options, beam_args = _job_options(flags)
+    a = options.view_as(AnswerOptions)
+    a.validate()
+    method = create_method(a.method, **parse_settings(a.method, a.set or []))
+    runtime = options.view_as(RuntimeOptions).runtime_config().with_roles(method.model_roles)
+    job = AnswerJob(a.queries, a.output, method, runtime, batch_size=a.batch_size,
+                    num_shards=a.shards, beam_args=beam_args, resume=a.resume,
+                    overwrite=a.overwrite, execution=a.execution,
+                    max_failure_fraction=a.max_failure_fraction, gather_timeout_s=a.gather_timeout,
+                    shard_rows=a.shard_rows, bad_files=a.bad_files)
     try:
         manifest = run_answer(job)
     except RunFailed as e:
         print(f"specrag answer: failed: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {args.output} ({manifest['wall_s']} s); manifest: {Path(args.output) / 'manifest.json'}")
+    print(f"wrote {a.output} ({manifest['wall_s']} s); manifest: {a.output.rstrip('/')}/manifest.json")
     return 0
 
 
@@ -129,24 +139,11 @@ def cmd_demo(args, extra) -> int:
     return run_demo(Path(args.workdir), threads=args.threads, beam_args=_beam_args(extra))
 
 
-def _add_runtime(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="local", choices=("local", "triton"),
-                   help="local: models in the worker process; triton: a Triton server (--triton-url)")
-    p.add_argument("--triton-url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
-    p.add_argument("--triton-timeout", type=float, default=300.0, help="seconds per Triton request")
-    p.add_argument("--triton-retries", type=int, default=3,
-                   help="retries (exponential backoff) while the server is unavailable or overloaded")
-    p.add_argument("--model", action="append", metavar="ROLE=NAME",
-                   help="model for a role, e.g. generator=smollm2-135m-instruct")
-    p.add_argument("--index", help="index folder from `specrag build-index`")
-    p.add_argument("--datastore", help="KNN-LM datastore folder from `specrag build-datastore`")
-    p.add_argument("--datastore-kind", default="flat", help="flat (exact) | hnsw")
-    p.add_argument("--retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")),
-                   help="torch threads per worker")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 (faster on AMX CPUs, not bit-equal)")
-    p.add_argument("--engine-batch", type=int, default=16, help="max requests per batched model call")
-    p.add_argument("--engine-wait", type=float, default=0.005, help="max seconds a request waits for a batch")
+def _add_job_options(p: argparse.ArgumentParser, command: str) -> None:
+    """The job's PipelineOptions classes' flags, for --help and for finding unknown flags."""
+    from specrag.pipelines.options import JOB_OPTIONS
+    for cls in JOB_OPTIONS[command]:
+        cls._add_argparse_args(p)  # noqa: SLF001 (the way Beam collects an options class's flags)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -176,57 +173,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", action="store_true", help="also write one deduplicated pooled corpus")
     p.set_defaults(fn=cmd_import_data)
 
-    p = sub.add_parser("build-index", help="corpus Parquet → index folder (Beam job)")
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--index", required=True)
-    p.add_argument("--kinds", default="bm25", help="comma-separated: bm25,lucene,dense,hnsw,ivf")
-    p.add_argument("--embedder", default="all-minilm-l6-v2")
-    p.add_argument("--dense-shards", type=int, default=1,
-                   help="FAISS indexes in N row-range shards; search merges their top-k")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p = sub.add_parser("build-index", help="corpus Parquet → index folder (Beam job)",
+                       description="Embeds with --model embedder=NAME (dense kinds) on --backend.")
+    _add_job_options(p, "build-index")
     p.set_defaults(fn=cmd_build_index)
 
-    p = sub.add_parser("build-datastore", help="corpus Parquet → KNN-LM datastore (Beam job)")
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens per passage")
-    p.add_argument("--max-entries", type=int, default=None, help="keep the first N entries in corpus order")
-    p.add_argument("--kinds", default="flat,hnsw")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p = sub.add_parser("build-datastore", help="corpus Parquet → KNN-LM datastore (Beam job)",
+                       description="Hidden states of --model generator=NAME (local backend) into --datastore.")
+    _add_job_options(p, "build-datastore")
     p.set_defaults(fn=cmd_build_datastore)
 
     p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.epilog_fn = _methods_epilog
-    p.add_argument("--queries", required=True, help="Parquet file or glob")
-    p.add_argument("--output", required=True, help="output folder")
-    p.add_argument("--method", default="standard", help="a registered method (listed below)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="method setting, parsed to the setting's type, e.g. top_k=5")
-    p.add_argument("--max-in-flight", type=int, default=64,
-                   help="queries running at once in one worker's engine (backpressure beyond)")
-    p.add_argument("--execution", default="streaming", choices=("streaming", "fixed-batch"),
-                   help="streaming: queries enter the per-worker engine as they arrive; "
-                        "fixed-batch: the earlier batch-at-a-time execution (for comparisons)")
-    p.add_argument("--batch-size", type=int, default=16, help="queries per batch (fixed-batch execution)")
-    p.add_argument("--shards", type=int, default=4, help="shard keys for keyed batching (fixed-batch execution)")
-    p.add_argument("--overwrite", action="store_true", help="replace the results already in --output")
-    p.add_argument("--shard-rows", type=int, default=1000,
-                   help="results are written in Parquet shards of this many rows as queries finish "
-                        "(what a killed run keeps for --resume)")
-    p.add_argument("--bad-files", default="fail", choices=("fail", "dead-letter"),
-                   help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
-                        "dead letter naming it while the other files are answered")
-    p.add_argument("--max-failure-fraction", type=float, default=0.5,
-                   help="exit non-zero (after writing everything) when a larger share of queries fails")
-    p.add_argument("--gather-timeout", type=float, default=None,
-                   help="seconds a fanned-out query waits for all its parts before going to dead letters "
-                        "(streaming; in batch runs the end of input expires incomplete queries)")
-    p.add_argument("--resume", action="store_true",
-                   help="keep earlier results in --output and answer only the queries without one")
-    _add_runtime(p)
+    _add_job_options(p, "answer")
     p.set_defaults(fn=cmd_answer)
 
     p = sub.add_parser("evaluate", help="score one or more answer runs against gold queries")
@@ -246,12 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Beam warns on import about GCP clients that batch runs on local files never use
     logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser().parse_known_args(argv)
     unknown = [a for a in extra if not a.startswith("--")]
     if unknown:
         parser().error(f"unexpected arguments: {unknown}")
+    # a Beam job gets all its flags (specrag's and Beam's): they travel with its pipeline options
+    flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index,
+                                                               cmd_build_datastore) else extra
     try:
-        return args.fn(args, extra)
+        return args.fn(args, flags)
     except (ValueError, FileNotFoundError, KeyError, TypeError) as e:
         print(f"specrag {args.command}: error: {e}", file=sys.stderr)
         return 2

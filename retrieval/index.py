@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 import pyarrow.parquet as pq
 
+from specrag.registry import RETRIEVERS
 from specrag.retrieval.base import DocStore, Retriever
 
 DENSE_KINDS = {"dense": "flat", "hnsw": "hnsw", "ivf": "ivf"}  # index kind -> FAISS kind
@@ -98,15 +99,11 @@ def open_retriever(index_dir: Path | str, kind: str,
         raise ValueError(f"index {index_dir} has no {kind!r} index (has: {sorted(manifest['kinds'])}); "
                          f"rebuild with `specrag build-index --kinds {kind}`")
     store = DocStore(index_dir / "passages.parquet")
-    if kind == "bm25":
-        from specrag.retrieval.bm25 import BM25Retriever
-        return BM25Retriever(index_dir / "bm25", store)
-    if kind == "lucene":
-        from specrag.retrieval.lucene import LuceneRetriever
-        return LuceneRetriever(index_dir / "lucene", store)
-    from specrag.retrieval.dense import DenseRetriever
+    cls = RETRIEVERS[kind]
+    if kind not in DENSE_KINDS:
+        return cls(index_dir / kind, store)
     if embed is None:
         raise ValueError(f"{kind} retrieval needs a query embedder")
-    retriever = DenseRetriever(index_dir / kind, store, embed)
+    retriever = cls(index_dir / kind, store, embed)
     retriever.kind = kind
     return retriever

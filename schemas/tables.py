@@ -1,8 +1,10 @@
 """Arrow schemas of every table specrag reads or writes.
 
-One place defines the columns so readers, writers, validators and tests agree. Nested
-trace fields are structs (queryable in any Parquet engine); method-specific extras that
-have no fixed shape go to ``trace.details`` as JSON text.
+One place defines the columns so readers, writers, validators and tests agree. A results
+table is the core columns every method shares (so runs of different methods join by id and
+report alike) plus, for a method that declares one, a ``trace`` struct typed from the
+method's trace dataclass (``results_schema``). Nothing is stored as JSON text but the
+replayable input of a dead letter.
 """
 from __future__ import annotations
 
@@ -45,13 +47,26 @@ COUNTS = pa.struct([
     pa.field("rollbacks", pa.int64()),
 ])
 
+# Wall-clock seconds. total_s = queue_s (waiting for admission: backpressure) + served_s.
+# A service's time is the wall time with at least one call of that kind outstanding (its
+# micro-batch wait included), parts of a fanned-out query together; they overlap where a
+# method overlaps work (SPS fetches while it writes), so their sum can exceed served_s.
+# other_s: served time with no call outstanding (the method's own code).
 TIMINGS = pa.struct([
     pa.field("total_s", pa.float64()),
+    pa.field("queue_s", pa.float64()),
+    pa.field("served_s", pa.float64()),
     pa.field("retrieval_s", pa.float64()),
     pa.field("generation_s", pa.float64()),
     pa.field("verification_s", pa.float64()),
     pa.field("embedding_s", pa.float64()),
-    pa.field("waiting_s", pa.float64()),
+    pa.field("other_s", pa.float64()),
+])
+
+# Wall time per stage (parts of a fanned-out stage together), in the order they ran.
+STAGE_TIME = pa.struct([
+    pa.field("stage", pa.string()),
+    pa.field("seconds", pa.float64()),
 ])
 
 RETRIEVAL_STEP = pa.struct([
@@ -61,38 +76,32 @@ RETRIEVAL_STEP = pa.struct([
     pa.field("scores", pa.list_(pa.float64())),
 ])
 
-DRAFT = pa.struct([
-    pa.field("text", pa.string()),
-    pa.field("score", pa.float64()),
-    pa.field("doc_ids", pa.list_(pa.string())),
-    pa.field("answer", pa.string()),
-    pa.field("rationale", pa.string()),
-    pa.field("parsed", pa.string()),  # ok | no_rationale | empty
-    pa.field("rho_draft", pa.float64()),  # log-scores of Speculative RAG's verification
-    pa.field("rho_sc", pa.float64()),
-    pa.field("rho_sr", pa.float64()),
-])
-
-TRACE = pa.struct([
-    pa.field("retrieved", pa.list_(RETRIEVAL_STEP)),
-    pa.field("drafts", pa.list_(DRAFT)),
-    pa.field("chosen_draft", pa.int32()),
-    pa.field("counts", COUNTS),
-    pa.field("timings", TIMINGS),
-    pa.field("details", pa.string()),  # JSON object
-])
-
-RESULTS = pa.schema([
+RESULT_CORE = [
     pa.field("id", pa.string(), nullable=False),
     pa.field("method", pa.string()),
-    pa.field("config_fingerprint", pa.string()),
+    pa.field("run_fingerprint", pa.string()),  # the run identity's hash: resumes never mix runs
     pa.field("dataset", pa.string()),
     pa.field("task_type", pa.string()),
     pa.field("answer", pa.string()),
     pa.field("raw_output", pa.string()),
     pa.field("choice", pa.string()),
-    pa.field("trace", TRACE),
-])
+    pa.field("error", pa.string()),  # null for an answered query (failures are dead letters)
+    pa.field("counts", COUNTS),
+    pa.field("timings", TIMINGS),
+    pa.field("stages", pa.list_(STAGE_TIME)),
+    pa.field("retrieved", pa.list_(RETRIEVAL_STEP)),
+]
+
+RESULTS = pa.schema(RESULT_CORE)  # the core alone: methods with no trace of their own
+
+
+def results_schema(trace_class: type | None = None) -> pa.Schema:
+    """The results table of a method: the core columns, then its typed ``trace`` struct."""
+    if trace_class is None:
+        return RESULTS
+    from specrag.schemas.typed import arrow_struct
+    return pa.schema(RESULT_CORE + [pa.field("trace", arrow_struct(trace_class))])
+
 
 DEAD_LETTERS = pa.schema([
     pa.field("id", pa.string()),

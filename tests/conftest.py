@@ -47,25 +47,37 @@ def demo_index(demo_tables, tmp_path_factory) -> Path:
     return index
 
 
-def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str]) -> Path:
-    """Pooled-corpus indexes, cached under a content-hash key (the corpus, the kinds, the code
-    that builds them and the embedder's weights): embedding the corpus takes ~10-15 minutes."""
+def _pooled_key(corpus: Path, kinds: list[str]) -> str:
+    """What decides an index's content: the corpus, the kinds, the code that writes the index
+    files and embeds the passages, and the embedder's weights (not the job around them)."""
     import hashlib
-    import shutil
-    from specrag.inference.models import cache_dir, model_identity
-    from specrag.pipelines.build_index import run_build_index
-    corpus = imported / "pooled_corpus.parquet"
+    import inspect
+    from specrag.inference.local import LocalEncoder
+    from specrag.inference.models import model_identity
+    from specrag.retrieval.index import finish_index, load_embedding_shards
     h = hashlib.sha256(corpus.read_bytes())
     h.update(",".join(kinds).encode())
-    for src in sorted([*(REPO / "retrieval").glob("*.py"), REPO / "pipelines" / "build_index.py",
-                       REPO / "inference" / "local.py"]):
-        h.update(src.read_bytes())
+    for name in ("base", "bm25", "lucene", "dense"):
+        h.update((REPO / "retrieval" / f"{name}.py").read_bytes())
+    for obj in (finish_index, load_embedding_shards, LocalEncoder):
+        h.update(inspect.getsource(obj).encode())
     if {"dense", "hnsw", "ivf"} & set(kinds):
         h.update(model_identity("all-minilm-l6-v2").encode())
-    cached = cache_dir() / "test-fixtures" / f"pooled_{'_'.join(kinds)}_{h.hexdigest()[:16]}"
+    return h.hexdigest()[:16]
+
+
+def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str]) -> Path:
+    """Pooled-corpus indexes, cached under a content-hash key (``_pooled_key``): embedding the
+    corpus takes ~10-20 minutes on this machine, so a fresh machine pays it once."""
+    import shutil
+    from specrag.inference.models import cache_dir
+    from specrag.pipelines.build_index import run_build_index
+    corpus = imported / "pooled_corpus.parquet"
+    cached = cache_dir() / "test-fixtures" / f"pooled_{'_'.join(kinds)}_{_pooled_key(corpus, kinds)}"
     if not (cached / ".complete").exists():
         staging = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
-        run_build_index(str(corpus), str(staging), kinds, beam_args=BEAM_ARGS)
+        # both cores: nothing else runs while a session fixture builds
+        run_build_index(str(corpus), str(staging), kinds, beam_args=BEAM_ARGS, num_threads=2)
         (staging / ".complete").write_text(str(corpus))
         cached.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(cached, ignore_errors=True)
@@ -118,6 +130,7 @@ class StepMemo:
 
     def __init__(self, backend):
         self.backend, self.memo, self.name = backend, {}, backend.name
+        self.capabilities = backend.capabilities
 
     def next_token(self, requests):
         todo = list(dict.fromkeys(r for r in requests if r not in self.memo))

@@ -12,6 +12,7 @@ class CountingBackend:
 
     def __init__(self, backend):
         self.backend, self.batches, self.name = backend, [], backend.name
+        self.capabilities = backend.capabilities
 
     def generate(self, requests):
         self.batches.append(len(requests))

@@ -54,8 +54,8 @@ def test_answer_job_on_a_non_local_scheme(remote, demo_tables, demo_index):
     n = pq.read_metadata(demo_tables[0]).num_rows
     assert len(results) == n and len({r["id"] for r in results}) == n
     assert len(list(out.glob("results-000-*.parquet"))) == -(-n // 8)  # shards of at most 8 rows
-    assert {len(r["trace"]["retrieved"][0]["doc_ids"]) for r in results} <= {1, 2, 3}  # the index answered
-    assert max(len(r["trace"]["retrieved"][0]["doc_ids"]) for r in results) == 3
+    assert {len(r["retrieved"][0]["doc_ids"]) for r in results} <= {1, 2, 3}  # the index answered
+    assert max(len(r["retrieved"][0]["doc_ids"]) for r in results) == 3
     assert json.loads((out / "manifest.json").read_text())["inputs"].keys() == {"specragtest://in/queries.parquet"}
     assert (out / "identity.json").exists() and manifest["counters"]["answered"] == n
     assert remotefs.CALLS["n"] > 0
@@ -68,7 +68,7 @@ def test_answer_job_on_a_non_local_scheme(remote, demo_tables, demo_index):
 
 class Echo(Method):
     name = "echo-test"
-    model_roles = ()
+    needs = {}
 
     def stages(self):
         return [_Echo()]
@@ -80,6 +80,30 @@ class _Echo:
     async def run(self, item, ctx):
         item.answer = item.query["question"].upper()
         return item
+
+
+@pytest.mark.slow
+def test_build_index_on_a_non_local_scheme_equals_a_local_build(remote, demo_tables, demo_index):
+    """The corpus is read, the shards written and the index published through FileSystems
+    (embedding through RunInference); the published index searches like the local one."""
+    import numpy as np
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.retrieval import open_retriever
+    from specrag.transforms.runtime import load_backend
+    (remote / "corpus").mkdir()
+    shutil.copy(demo_tables[1], remote / "corpus" / "c.parquet")
+    manifest = run_build_index("specragtest://corpus/*.parquet", "specragtest://idx", ["bm25", "dense"])
+    built = remote / "idx"
+    assert json.loads((built / "manifest.json").read_text())["kinds"].keys() == {"bm25", "dense"}
+    assert manifest["embedding"] == {"backend": "local", "model": "all-minilm-l6-v2"}
+    embed = load_backend("local", "all-minilm-l6-v2", 1).embed
+    questions = [q["question"] for q in pq.read_table(demo_tables[0]).to_pylist()[:8]]
+    for kind in ("bm25", "dense"):
+        ours = open_retriever(built, kind, embed).search(questions, 3)
+        local = open_retriever(demo_index, kind, embed).search(questions, 3)
+        assert [[h.doc_id for h in hs] for hs in ours] == [[h.doc_id for h in hs] for hs in local]
+        np.testing.assert_allclose([h.score for hs in ours for h in hs], [h.score for hs in local for h in hs],
+                                   rtol=1e-5)
 
 
 def test_corrupt_parquet_is_an_error_naming_the_file_or_one_dead_letter(tmp_path):
@@ -106,6 +130,31 @@ def test_cli_rejects_unknown_flags_and_mistyped_settings(tmp_path, capsys):
     assert "has no setting 'topk'" in capsys.readouterr().err
     assert main(base + ["--batchsize=4"]) == 2
     assert "unknown option(s) ['--batchsize=4']" in capsys.readouterr().err
+    assert main(["answer", "--output", str(tmp_path / "o")]) == 2
+    assert "specrag answer needs --queries" in capsys.readouterr().err
+    assert main(base + ["--model", "generator"]) == 2
+    assert "--model expects ROLE=NAME" in capsys.readouterr().err
+    assert main(["build-index", "--corpus", str(path)]) == 2
+    assert "specrag build-index needs --index" in capsys.readouterr().err
+
+
+def test_job_options_are_beam_pipeline_options_that_travel_with_the_job():
+    """specrag's flags are PipelineOptions classes: Beam parses them (dashed or underscored),
+    they survive the round trip a runner makes of a job's options, and they are checked."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from specrag.pipelines.cli import unknown_beam_flags
+    from specrag.pipelines.options import AnswerOptions, RuntimeOptions
+    flags = ["--queries=q.parquet", "--output", "out", "--max-in-flight=8", "--max_failure_fraction=0.1",
+             "--set", "top_k=3", "--model", "generator=gemma3-270m", "--runner=FnApiRunner"]
+    assert unknown_beam_flags(flags) == [] and unknown_beam_flags(flags + ["--max-inflight=3"]) == ["--max-inflight=3"]
+    options = PipelineOptions(flags)
+    answer, runtime = options.view_as(AnswerOptions), options.view_as(RuntimeOptions)
+    assert (answer.queries, answer.max_failure_fraction, answer.set) == ("q.parquet", 0.1, ["top_k=3"])
+    config = runtime.runtime_config()
+    assert config.engine.max_in_flight == 8 and dict(config.models)["generator"] == "gemma3-270m"
+    travelled = PipelineOptions.from_dictionary(options.get_all_options(drop_default=True))
+    assert travelled.view_as(AnswerOptions).output == "out"
+    assert travelled.view_as(RuntimeOptions).runtime_config() == config
 
 
 @pytest.mark.slow

@@ -87,12 +87,12 @@ def test_knnlm_spec_equals_knnlm_token_for_token(kind, datastore_dir, lm_memo, i
         return states
 
     settings = dict(k=16, max_new_tokens=16)
-    baseline = {s.id: s.trace.details["output_ids"] for s in run(create_method("knnlm", **settings))}
+    baseline = {s.id: s.trace.method.output_ids for s in run(create_method("knnlm", **settings))}
     assert sum(map(len, baseline.values())) > 4 * len(queries)
     for os3 in (False, True):
         states = run(create_method("knnlm-spec", os3=os3, **settings))
-        got = {s.id: s.trace.details["output_ids"] for s in states}
+        got = {s.id: s.trace.method.output_ids for s in states}
         diff = [q for q in baseline if got[q] != baseline[q]]
         assert not diff, f"{kind} os3={os3}: {len(diff)} differ, e.g. {got[diff[0]]} vs {baseline[diff[0]]}"
         assert sum(s.trace.counts["speculation_accepted"] for s in states) > 0
-        assert all(s.trace.details["cache_size"] > 0 for s in states)
+        assert all(s.trace.method.cache_size > 0 for s in states)

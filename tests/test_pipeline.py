@@ -49,13 +49,13 @@ class Join:
     gather: bool = True
 
     async def run(self, item, ctx):
-        item.answer = "+".join(p.answer for p in item.scratch.pop("parts"))
+        item.answer = "+".join(p.answer for p in item.gathered)
         return item
 
 
 class FanOutMethod(Method):
     name = "fan-out-test"
-    model_roles = ()
+    needs = {}
 
     def stages(self):
         return [FanOut(), Work(), Join()]
@@ -75,8 +75,8 @@ def test_fan_out_parts_are_joined_by_query_id(tmp_path):
     results = {r["id"]: r for r in _read(tmp_path / "out", "results")}
     assert sorted(results) == sorted(f"q{i}" for i in range(10))
     assert all(r["answer"] == "part0+part1+part2" for r in results.values())
-    assert all(r["trace"]["counts"]["model_calls"] == 3 for r in results.values())  # merged traces
-    assert all(r["trace"]["counts"]["retrieval_calls"] == 1 for r in results.values())
+    assert all(r["counts"]["model_calls"] == 3 for r in results.values())  # merged traces
+    assert all(r["counts"]["retrieval_calls"] == 1 for r in results.values())
     dead = _read(tmp_path / "out", "dead_letters")
     # FanOut and Work run fused: a failed part fails its query once, and no part reaches the join
     assert [(d["id"], d["stage"], d["message"]) for d in dead] == [("broken", "Work", "part 1 failed")]
@@ -115,7 +115,7 @@ def test_gather_parts_expires_incomplete_queries_and_keeps_no_state(tmp_path):
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as p:
         out = (p | beam.Create(parts) | beam.ParDo(GatherParts("Join")).with_input_types(
             Tuple[str, Any]).with_outputs(DEAD, main="out"))
-        assert_that(out.out | beam.Map(lambda kv: (kv[0], len(kv[1].scratch["parts"]))), equal_to([("full", 2)]))
+        assert_that(out.out | beam.Map(lambda kv: (kv[0], len(kv[1].gathered))), equal_to([("full", 2)]))
         assert_that(out[DEAD] | beam.Map(lambda d: (d["id"], d["message"].split(" (")[0])),
                     equal_to([("lone", "incomplete: input ended with parts [1] of 3")]), label="Dead")
 
@@ -169,13 +169,13 @@ def test_cli_answer_and_evaluate_on_demo_data(tmp_path, demo_tables, demo_index,
         manifest = json.loads((tmp_path / method / "manifest.json").read_text())
         assert manifest["versions"]["apache-beam"] == "2.77.0" and manifest["inputs"][queries]["rows"] == n
     standard = {r["id"]: r for r in _read(tmp_path / "standard", "results")}
-    assert all(1 <= len(r["trace"]["retrieved"][0]["doc_ids"]) <= 3 for r in standard.values())
-    assert sum(len(r["trace"]["retrieved"][0]["doc_ids"]) == 3 for r in standard.values()) >= len(standard) // 2
+    assert all(1 <= len(r["retrieved"][0]["doc_ids"]) <= 3 for r in standard.values())
+    assert sum(len(r["retrieved"][0]["doc_ids"]) == 3 for r in standard.values()) >= len(standard) // 2
     assert main(["answer", "--queries", queries, "--output", str(tmp_path / "dense"), "--method", "standard",
                  "--index", str(demo_index), "--retriever", "dense", "--set", "top_k=2"]) == 0
     dense = {r["id"]: r for r in _read(tmp_path / "dense", "results")}
-    assert len(dense) == n and all(len(r["trace"]["retrieved"][0]["doc_ids"]) == 2 for r in dense.values())
-    assert dense["demo-q00"]["trace"]["retrieved"][0]["doc_ids"][0] == "demo-004"  # Canberra for Australia's capital
+    assert len(dense) == n and all(len(r["retrieved"][0]["doc_ids"]) == 2 for r in dense.values())
+    assert dense["demo-q00"]["retrieved"][0]["doc_ids"][0] == "demo-004"  # Canberra for Australia's capital
     report = json.loads((tmp_path / "standard" / "evaluation.json").read_text())
     assert report["coverage"] == {"queries": n, "answered": n, "dead_letter_ids": 0, "missing": 0,
                                   "duplicate_results": 0, "in_results_and_dead_letters": 0}
@@ -224,5 +224,5 @@ def test_resume_with_another_identity_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match=r"models.generator: None -> 'smollm2-135m-instruct@sha256:[0-9a-f]{16}'"):
         check_resumable(tmp_path / "out", run_identity(job(generator)))
     again = run_answer(job(RuntimeConfig(models=()), resume=True))  # same identity: nothing left to do
-    assert again["config_fingerprint"] == first["config_fingerprint"]
+    assert again["run_fingerprint"] == first["run_fingerprint"]
     assert again["resumed"] == {"attempt": 1, "skipped_finished": 3}

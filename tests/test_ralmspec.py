@@ -76,11 +76,9 @@ def _questions(imported) -> list[dict]:
 
 
 def _outputs(states) -> dict[str, tuple]:
-    import json
     out = {}
     for s in states:
-        d = json.loads(json.dumps(s.trace.details))
-        out[s.id] = (tuple(d["output_ids"]), tuple(d["step_docs"]), s.raw_output)
+        out[s.id] = (tuple(s.trace.method.output_ids), tuple(s.trace.method.step_docs), s.raw_output)
     return out
 
 
@@ -129,11 +127,11 @@ def test_ralmspec_equals_ralmseq_token_for_token(kind, request, step_memo, impor
                          f"{got[diff[0]]} vs {baseline[diff[0]]}"
         accepted += sum(st.trace.counts["speculation_accepted"] for st in states)
         for st in states:
-            d = st.trace.details
-            assert d["speculation_steps"] >= st.trace.counts["speculation_accepted"]
-            assert len(d["stride_history"]) == d["verifications"]
+            d = st.trace.method
+            assert d.speculation_steps >= st.trace.counts["speculation_accepted"]
+            assert len(d.stride_history) == d.verifications
             if not s:
-                assert set(d["stride_history"]) <= {3}
+                assert set(d.stride_history) <= {3}
     assert accepted > 0  # speculation did work, it was not all rollbacks
 
 
@@ -153,7 +151,6 @@ def test_batch_invariant_steps_do_not_depend_on_the_batch(generator, imported):
 @pytest.mark.slow
 def test_ralmspec_in_the_beam_pipeline_equals_ralmseq(demo_tables, demo_index, tmp_path):
     """The real model and the Beam graph end to end, with every extra on."""
-    import json
     from specrag.methods import create_method
     from specrag.pipelines.answer import AnswerJob, run_answer
     from specrag.transforms.runtime import RuntimeConfig
@@ -166,9 +163,9 @@ def test_ralmspec_in_the_beam_pipeline_equals_ralmseq(demo_tables, demo_index, t
                              batch_size=8, num_shards=2, beam_args=("--runner=FnApiRunner",)))
         rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
         assert not pq.read_table(sorted(out.glob("dead_letters-*.parquet"))).num_rows
-        outputs[name] = {r["id"]: (r["raw_output"], json.loads(r["trace"]["details"])["output_ids"]) for r in rows}
+        outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
         if name == "ralmspec":
-            counts = [r["trace"]["counts"] for r in rows]
+            counts = [r["counts"] for r in rows]
             assert sum(c["speculation_accepted"] for c in counts) > 0
     assert len(outputs["ralmseq"]) == pq.read_table(demo_tables[0]).num_rows
     assert outputs["ralmspec"] == outputs["ralmseq"]

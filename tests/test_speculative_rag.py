@@ -1,6 +1,5 @@
 """Speculative RAG: multi-perspective subsets, drafting, one-pass verification, the Beam graph."""
 import itertools
-import json
 import math
 
 import numpy as np
@@ -12,7 +11,7 @@ from specrag.inference import Engine, Services
 from specrag.inference.types import ScoreRequest
 from specrag.methods import create_method
 from specrag.methods.local_run import run_method
-from specrag.methods.speculative_rag import combined_score, parse_draft
+from specrag.methods.speculative_rag import DraftRecord, combined_score, parse_draft
 from specrag.methods.subsets import kmeans, query_seed, sample_subsets
 from specrag.retrieval import open_retriever
 from specrag.schemas import validate_query
@@ -73,8 +72,10 @@ def test_parse_draft_never_fails():
     assert parse_draft(" Canberra\n", " It is the capital.\n\nMore") == ("Canberra", "It is the capital.", "ok")
     assert parse_draft("Canberra", "") == ("Canberra", "", "no_rationale")
     assert parse_draft("  \n ", " text")[2] == "empty"
-    empty = {"parsed": "empty", "rho_draft": 0.0, "rho_sc": None, "rho_sr": None}
-    assert combined_score(empty, ("draft", "sc", "sr")) == -math.inf
+    assert combined_score(DraftRecord(parsed="empty"), ("draft", "sc", "sr")) == -math.inf
+    ok = DraftRecord(parsed="ok", rho_draft=-3.0, rho_sc=-4.0, rho_sr=-0.5, draft_tokens=3, sc_tokens=4)
+    assert combined_score(ok, ("draft", "sc", "sr")) == -7.5
+    assert combined_score(ok, ("draft", "sc"), length_normalize=True) == -2.0
 
 
 def test_verifier_segments_and_long_drafts_stay_finite(scorer, imported):
@@ -107,22 +108,22 @@ def test_selected_draft_is_the_argmax_of_the_recorded_scores(speculative_run):
     queries, done, failures = speculative_run
     assert not failures and [s.id for s in done] == [q["id"] for q in queries]
     for s in done:
-        drafts = s.trace.drafts
+        drafts = s.trace.method.drafts
         assert len(drafts) == 5
         for d in drafts:
-            assert d["parsed"] in ("ok", "no_rationale", "empty")
-            if d["parsed"] != "empty":
-                parts = [d["rho_draft"], d["rho_sc"], d["rho_sr"]]
+            assert d.parsed in ("ok", "no_rationale", "empty")
+            if d.parsed != "empty":
+                parts = [d.rho_draft, d.rho_sc, d.rho_sr]
                 assert all(math.isfinite(p) and p <= 0 for p in parts)
-                assert d["score"] == pytest.approx(sum(parts))
-            assert len(d["doc_ids"]) == 2
-        best = max(range(5), key=lambda i: (drafts[i]["score"], -i))
-        assert s.trace.chosen_draft == best
-        assert s.answer and drafts[best]["answer"]
+                assert d.score == pytest.approx(sum(parts))
+            assert len(d.doc_ids) == 2
+        best = max(range(5), key=lambda i: (drafts[i].score, -i))
+        assert s.trace.method.chosen_draft == best
+        assert s.answer and drafts[best].answer
         # one retrieval for the query; 5 drafts x (answer + rationale) drafter calls; 5 verifier passes
         assert s.trace.counts["retrieval_calls"] == 1
-        assert s.trace.counts["score_calls"] == sum(d["parsed"] != "empty" for d in drafts)
-        clusters = s.trace.details["clusters"]
+        assert s.trace.counts["score_calls"] == sum(d.parsed != "empty" for d in drafts)
+        clusters = s.trace.method.clusters
         assert sorted(itertools.chain(*clusters)) == sorted(s.trace.retrieved[0]["doc_ids"])
     closed = [s for s in done if s.query["task_type"] != "short_form"]
     assert all(s.choice in (s.query.get("choice_labels") or ["true", "false"]) for s in closed if s.choice)
@@ -136,12 +137,12 @@ def test_ablations_change_only_what_they_name(speculative_run, pooled_bm25, gene
     assert not failures
     for full, r in zip(done, rnd):
         assert r.trace.counts["score_calls"] == 0  # no verification at all
-        assert [d["answer"] for d in r.trace.drafts] == [d["answer"] for d in full.trace.drafts]
+        assert [d.answer for d in r.trace.method.drafts] == [d.answer for d in full.trace.method.drafts]
     no_sr, _ = run_method(engine, create_method("speculative-rag", scores="draft,sc"), queries[:3])
     for full, r in zip(done, no_sr):
-        for a, b in zip(full.trace.drafts, r.trace.drafts):
-            if a["parsed"] != "empty":
-                assert b["score"] == pytest.approx(a["rho_draft"] + a["rho_sc"])
+        for a, b in zip(full.trace.method.drafts, r.trace.method.drafts):
+            if a.parsed != "empty":
+                assert b.score == pytest.approx(a.rho_draft + a.rho_sc)
     engine.close()
     with pytest.raises(ValueError, match="scores"):
         create_method("speculative-rag", scores="draft,bogus")
@@ -177,12 +178,19 @@ def test_the_beam_graph_is_the_method(demo_tables, demo_index, tmp_path):
         r = by_id[s.id]
         # drafts are batch-invariant: the same text whatever shared their batch
         assert [(d["answer"], d["rationale"]) for d in r["trace"]["drafts"]] == \
-            [(d["answer"], d["rationale"]) for d in s.trace.drafts]
+            [(d.answer, d.rationale) for d in s.trace.method.drafts]
         # verifier scores are batched with padding: equal up to float noise
-        np.testing.assert_allclose([d["score"] for d in r["trace"]["drafts"]], [d["score"] for d in s.trace.drafts],
+        np.testing.assert_allclose([d["score"] for d in r["trace"]["drafts"]], [d.score for d in s.trace.method.drafts],
                                    rtol=1e-4)
-        top = sorted((d["score"] for d in s.trace.drafts), reverse=True)
+        top = sorted((d.score for d in s.trace.method.drafts), reverse=True)
         if len(top) < 2 or top[0] - top[1] > 1e-2:
-            assert r["trace"]["chosen_draft"] == s.trace.chosen_draft and r["answer"] == s.answer
-        assert r["trace"]["counts"]["retrieval_calls"] == 1  # pre-fork work counted once after the join
-        assert json.loads(r["trace"]["details"])["clusters"]
+            assert r["trace"]["chosen_draft"] == s.trace.method.chosen_draft and r["answer"] == s.answer
+        assert r["counts"]["retrieval_calls"] == 1  # pre-fork work counted once after the join
+        assert r["trace"]["clusters"] == s.trace.method.clusters
+        # timings add up: queue + served = total; no service took longer than the query was served
+        t = r["timings"]
+        assert t["total_s"] == pytest.approx(t["queue_s"] + t["served_s"], abs=1e-5)
+        assert all(0 <= t[k] <= t["served_s"] + 1e-5 for k in ("retrieval_s", "generation_s", "verification_s",
+                                                               "embedding_s", "other_s"))
+        assert [st["stage"] for st in r["stages"]] == ["Retrieve", "SampleSubsets", "Draft", "Verify", "Select"]
+        assert sum(st["seconds"] for st in r["stages"]) <= t["served_s"] + 1e-5

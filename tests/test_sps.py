@@ -43,45 +43,45 @@ def test_most_consistent_picks_the_candidate_closest_to_the_others():
 
 def test_retrieval_for_the_next_stage_overlaps_the_current_chunk(sps_runs):
     queries, runs = sps_runs
-    multi = [s for s in runs["sps"] if len(s.trace.details["stages"]) >= 3]
+    multi = [s for s in runs["sps"] if len(s.trace.method.stages) >= 3]
     assert multi, "no multi-stage answer: the test would prove nothing"
     for s in multi:
-        stages = s.trace.details["stages"]
+        stages = s.trace.method.stages
         question = s.query["question"]
-        assert stages[0]["docs_query"] == question and stages[1]["docs_query"] == question  # RET_0 for chunks 1, 2
-        assert stages[0]["next_retrieval"] is None  # nothing to retrieve with before chunk 1 exists
+        assert stages[0].docs_query == question and stages[1].docs_query == question  # RET_0 for chunks 1, 2
+        assert stages[0].next_retrieval is None  # nothing to retrieve with before chunk 1 exists
         for i, st in enumerate(stages[1:], start=2):
-            r = st["next_retrieval"]
-            assert r["for_stage"] == i + 1
+            r = st.next_retrieval
+            assert r.for_stage == i + 1
             # started before chunk i ended (with chunks 1..i-1 as the query): concurrent, not after
-            assert st["gen_start"] <= r["start"] + 1e-3 and r["start"] < st["gen_end"]
-            answer_before = "".join(x["candidates"][x["chosen"]] for x in stages[:i - 1])
-            assert r["query"].startswith(question) and r["query"].rstrip().endswith(answer_before.strip()[-20:])
+            assert st.gen_start <= r.start + 1e-3 and r.start < st.gen_end
+            answer_before = "".join(x.candidates[x.chosen] for x in stages[:i - 1])
+            assert r.query.startswith(question) and r.query.rstrip().endswith(answer_before.strip()[-20:])
             if i < len(stages):  # the next stage used exactly these documents: one chunk stale
-                assert r["used"] and stages[i]["doc_ids"] == r["doc_ids"] and stages[i]["docs_query"] == r["query"]
+                assert r.used and stages[i].doc_ids == r.doc_ids and stages[i].docs_query == r.query
             else:
-                assert r["used"] is False  # the answer ended: its retrieval was not waited for
-        overlapped = [st for st in stages[1:-1] if st["next_retrieval"].get("end")]
-        assert any(st["next_retrieval"]["end"] > st["gen_start"] for st in overlapped)
+                assert r.used is False  # the answer ended: its retrieval was not waited for
+        overlapped = [st for st in stages[1:-1] if st.next_retrieval.end]
+        assert any(st.next_retrieval.end > st.gen_start for st in overlapped)
 
 
 def test_stage_records_and_selection(sps_runs):
     queries, runs = sps_runs
     for s in runs["sps"]:
-        out = s.trace.details["output_ids"]
-        stages = s.trace.details["stages"]
+        out = s.trace.method.output_ids
+        stages = s.trace.method.stages
         assert len(out) <= SHORT["max_new_tokens"]
         for st in stages:
-            assert len(st["candidates"]) == 5 and len(st["subsets"]) == 5
-            assert all(len(sub) == min(3, len(st["doc_ids"])) for sub in st["subsets"])
-            assert st["chosen"] == int(np.argmax(st["similarity"]))
-        assert s.answer.strip() == "".join(st["candidates"][st["chosen"]] for st in stages).strip()
+            assert len(st.candidates) == 5 and len(st.subsets) == 5
+            assert all(len(sub) == min(3, len(st.doc_ids)) for sub in st.subsets)
+            assert st.chosen == int(np.argmax(st.similarity))
+        assert s.answer.strip() == "".join(st.candidates[st.chosen] for st in stages).strip()
     for s in runs["static"]:  # ablation: the question's documents throughout, no staged retrieval
-        stages = s.trace.details["stages"]
-        assert all(st["next_retrieval"] is None and st["docs_query"] == s.query["question"] for st in stages)
+        stages = s.trace.method.stages
+        assert all(st.next_retrieval is None and st.docs_query == s.query["question"] for st in stages)
         assert s.trace.counts["retrieval_calls"] == 1
     for s in runs["random"]:
-        assert all(st["similarity"] == [] for st in s.trace.details["stages"])
+        assert all(st.similarity == [] for st in s.trace.method.stages)
 
 
 def test_reproducible(sps_runs, pooled_bm25, generator, embedder):
@@ -90,8 +90,8 @@ def test_reproducible(sps_runs, pooled_bm25, generator, embedder):
                              retriever=open_retriever(pooled_bm25, "bm25")))
     again, _ = run_method(engine, create_method("sps", **SHORT), queries[:1])
     engine.close()
-    first = runs["sps"][0].trace.details["stages"]
-    assert [(st["subsets"], st["chosen"]) for st in again[0].trace.details["stages"]] == \
-        [(st["subsets"], st["chosen"]) for st in first]
+    first = runs["sps"][0].trace.method.stages
+    assert [(st.subsets, st.chosen) for st in again[0].trace.method.stages] == \
+        [(st.subsets, st.chosen) for st in first]
     with pytest.raises(ValueError, match="groups"):
         create_method("sps", top_k=3, groups=5)

@@ -129,6 +129,21 @@ def test_unreachable_server_is_a_clear_error_at_start():
     dead = TritonConfig(f"grpc://127.0.0.1:{launch.free_port()}", retries=0)
     with pytest.raises(TritonUnavailable, match="cannot reach Triton"):
         RuntimeConfig(backend="triton", triton=dead).validate(("generator",))
+
+
+def test_a_capability_the_backend_lacks_fails_at_start():
+    """KNN-LM needs next_token (hidden states per step), which the served models do not return:
+    the run is refused before it starts (no server contacted), naming what is missing."""
+    from specrag.inference.capabilities import MissingCapability
+    from specrag.inference.triton import TritonConfig
+    from specrag.methods import create_method
+    from specrag.pipelines.answer import AnswerJob
+    from specrag.transforms.runtime import RuntimeConfig
+    method = create_method("knnlm")
+    runtime = RuntimeConfig(backend="triton", triton=TritonConfig(f"grpc://127.0.0.1:{launch.free_port()}"),
+                            datastore_dir="unused").with_roles(method.model_roles)
+    with pytest.raises(MissingCapability, match="knnlm' needs next_token from its generator .*triton backend"):
+        AnswerJob("unused.parquet", "unused", method, runtime).validate()
     with pytest.raises(ValueError, match="grpc://host:port"):
         TritonConfig("ftp://127.0.0.1:1")
 

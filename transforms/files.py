@@ -130,3 +130,22 @@ def localize(folder: str, cache: Path) -> str:
     except OSError:  # another worker finished first
         shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+def publish(local_dir: Path | str, folder: str, *, skip: tuple[str, ...] = ()) -> None:
+    """Copy a folder built locally (an index, a datastore) to ``folder`` on any FileSystems
+    scheme, manifest last: a reader never sees a manifest whose files are not there yet."""
+    local_dir = Path(local_dir)
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file() and not any(p.is_relative_to(local_dir / s)
+                                                                                for s in skip))
+    files.sort(key=lambda p: p.name == "manifest.json")
+    for path in files:
+        write_bytes(join(folder, *path.relative_to(local_dir).parts), path.read_bytes())
+
+
+def remove_tree(folder: str) -> None:
+    """Delete a folder and everything under it, on any scheme (no error when it is missing)."""
+    if is_local(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        delete(match_files(str(folder).rstrip("/") + "/**"))

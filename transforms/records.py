@@ -36,8 +36,13 @@ def state_raw(state: QueryState) -> dict:
 
 
 def result_row(state: QueryState, method: str, fingerprint: str) -> dict:
+    """The core columns, then the method's typed trace (only when it declares one)."""
     q = state.query
-    return {"id": q["id"], "method": method, "config_fingerprint": fingerprint,
-            "dataset": q.get("dataset", ""), "task_type": q.get("task_type", ""),
-            "answer": state.answer, "raw_output": state.raw_output, "choice": state.choice,
-            "trace": state.trace.to_record()}
+    row = {"id": q["id"], "method": method, "run_fingerprint": fingerprint,
+           "dataset": q.get("dataset", ""), "task_type": q.get("task_type", ""),
+           "answer": state.answer, "raw_output": state.raw_output, "choice": state.choice, "error": None,
+           **state.trace.core_record()}
+    method_trace = state.trace.method_record()
+    if method_trace is not None:
+        row["trace"] = method_trace
+    return row

@@ -11,17 +11,17 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from specrag import registry
+from specrag.inference.capabilities import EMBED, check_capabilities
 from specrag.inference.engine import EngineConfig, Services
 from specrag.inference.models import MODELS
 from specrag.inference.triton import TritonConfig
 
-BACKENDS = ("local", "triton")
-# the operation each model role is called for (checked against a Triton server at start)
-ROLE_OPS = {"generator": ("generate",), "scorer": ("score",), "embedder": ("embed",),
-            "drafter": ("generate",), "verifier": ("score",)}
-RETRIEVER_KINDS = ("bm25", "lucene", "dense", "hnsw", "ivf")
+BACKENDS = tuple(registry.BACKENDS)
+RETRIEVER_KINDS = tuple(registry.RETRIEVERS)
+DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")  # these embed the query: they need an embedder's embed
 
 
 @dataclass(frozen=True)
@@ -42,61 +42,62 @@ class RuntimeConfig:
     datastore_dir: str | None = None  # KNN-LM datastore (`specrag build-datastore`)
     datastore_kind: str = "flat"  # flat (exact) | hnsw
 
-    def validate(self, roles: tuple[str, ...] = (), needs_retriever: bool = False,
-                 needs_datastore: bool = False) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+    def validate(self, needs: Mapping[str, tuple[str, ...]] | tuple[str, ...] = (), needs_retriever: bool = False,
+                 needs_datastore: bool = False, method: str = "the method") -> None:
+        """Everything a run needs, checked before it starts: ``needs`` maps each model role the
+        method uses to the operations it calls on it (a tuple of roles: no operations checked)."""
+        needs = dict(needs) if isinstance(needs, Mapping) else {role: () for role in needs}
+        registry.BACKENDS.check(self.backend)
         models = dict(self.models)
         for role, name in models.items():
             if name not in MODELS:
                 raise ValueError(f"{role}: unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
-        missing = [r for r in roles if r not in models]
+        missing = [r for r in needs if r not in models]
         if missing:
-            raise ValueError(f"the method needs model role(s) {missing}; configured: {sorted(models)}")
+            raise ValueError(f"{method} needs model role(s) {missing}; configured: {sorted(models)}")
         if self.num_threads < 1:
             raise ValueError("num_threads must be >= 1")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        if self.retriever not in RETRIEVER_KINDS:
-            raise ValueError(f"unknown retriever {self.retriever!r}; known: {', '.join(RETRIEVER_KINDS)}")
+        registry.RETRIEVERS.check(self.retriever)
+        if needs_retriever and self.retriever in DENSE_RETRIEVERS:
+            needs.setdefault("embedder", ())
+            needs["embedder"] = tuple(dict.fromkeys(needs["embedder"] + (EMBED,)))
+            models.setdefault("embedder", "all-minilm-l6-v2")
+        backend = registry.BACKENDS[self.backend]
+        check_capabilities(method, needs, {role: (self.backend, models[role], backend.serves(models[role]))
+                                           for role in needs})
         if self.backend == "triton":
-            self._check_triton(models)
+            self._check_triton({role: (models[role], ops) for role, ops in needs.items()})
         if needs_datastore:
             if not self.datastore_dir:
                 raise ValueError("the method retrieves per token: pass --datastore (built by `specrag build-datastore`)")
-            from specrag.transforms import files
-            manifest = files.join(self.datastore_dir, "manifest.json")
-            if not files.exists(manifest):
-                raise ValueError(f"{self.datastore_dir} is not a datastore (no manifest.json)")
-            kinds = json.loads(files.read_text(manifest))["kinds"]
+            kinds = _manifest(self.datastore_dir, "datastore", "specrag build-datastore")["kinds"]
             if self.datastore_kind not in kinds:
                 raise ValueError(f"datastore {self.datastore_dir} has no {self.datastore_kind!r} index (has: {sorted(kinds)})")
         if needs_retriever:
             if not self.index_dir:
                 raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
-            from specrag.transforms import files
-            path = files.join(self.index_dir, "manifest.json")
-            if not files.exists(path):
-                raise ValueError(f"{self.index_dir} is not an index folder (no manifest.json); "
-                                 "build one with `specrag build-index`")
-            manifest = json.loads(files.read_text(path))
-            if self.retriever not in manifest["kinds"]:
-                raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index "
-                                 f"(has: {sorted(manifest['kinds'])})")
+            kinds = _manifest(self.index_dir, "index folder", "specrag build-index")["kinds"]
+            if self.retriever not in kinds:
+                raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index (has: {sorted(kinds)}); "
+                                 f"rebuild with `specrag build-index --kinds {self.retriever}`")
 
-    def _check_triton(self, models: dict[str, str]) -> None:
+    def _check_triton(self, needs: dict[str, tuple[str, tuple[str, ...]]]) -> None:
         """Fail at start, not per query, when the server is down or lacks a model."""
         if self.triton is None:
             raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
         if self.dtype != "float32":
             raise ValueError("with --backend triton the dtype is set in the model's config.pbtxt, not --dtype")
         from specrag.inference.triton import TritonBackend
-        for role, name in sorted(models.items()):
-            TritonBackend(name, self.triton).check(ROLE_OPS.get(role, ()))
+        for role, (name, ops) in sorted(needs.items()):
+            backend = TritonBackend(name, self.triton)
+            backend.served_models()  # reachable, whatever it is asked for
+            backend.check(ops)
 
     def with_roles(self, roles: tuple[str, ...]) -> "RuntimeConfig":
         """Only the model roles a method uses (so unused models are never loaded)."""
-        keep = set(roles) | ({"embedder"} if self.retriever in ("dense", "hnsw", "ivf") else set())
+        keep = set(roles) | ({"embedder"} if self.retriever in DENSE_RETRIEVERS else set())
         return dataclasses.replace(self, models=tuple((r, m) for r, m in self.models if r in keep))
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +114,15 @@ class RuntimeConfig:
                 "index": _folder_fingerprint(self.index_dir),
                 "datastore": _folder_fingerprint(self.datastore_dir),
                 "datastore_kind": self.datastore_kind if self.datastore_dir else None}
+
+
+def _manifest(folder: str, what: str, build: str) -> dict:
+    """An index's or datastore's manifest, through FileSystems (the folder may be remote)."""
+    from specrag.transforms import files
+    path = files.join(folder, "manifest.json")
+    if not files.exists(path):
+        raise ValueError(f"{folder} is not a {what} (no manifest.json); build one with `{build}`")
+    return json.loads(files.read_text(path))
 
 
 def _folder_fingerprint(folder: str | None) -> str | None:
@@ -149,7 +159,7 @@ def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
             from specrag.inference.local import LocalBackend, LocalModelConfig
             _BACKENDS[key] = LocalBackend(LocalModelConfig(model, num_threads=threads, dtype=dtype))
         else:
-            raise ValueError(f"unknown backend {kind!r}; known: {', '.join(BACKENDS)}")
+            registry.BACKENDS.check(kind)
     return _BACKENDS[key]
 
 

@@ -26,6 +26,7 @@ class _WriteShards(beam.DoFn):
     def __init__(self, prefix: str, schema: pa.Schema, max_rows: int, counter: str):
         self.prefix, self.schema, self.max_rows = prefix, schema, max_rows
         self._shards = Metrics.counter("specrag", f"{counter}_shards")
+        self._written = Metrics.counter("specrag", counter)  # rows written (the failure share reads it)
 
     def start_bundle(self):
         self._rows: list[dict] = []
@@ -44,6 +45,7 @@ class _WriteShards(beam.DoFn):
         # time-ordered names: reading shards in name order follows the order they were written
         path = f"{self.prefix}-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
         write_parquet(path, pa.Table.from_pylist(self._rows, schema=self.schema))
+        self._written.inc(len(self._rows))
         self._rows = []
         self._shards.inc()
         return path

@@ -29,6 +29,7 @@ from apache_beam.utils.shared import Shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from specrag.inference.engine import Engine
+from specrag.methods.base import method_segments  # noqa: F401  (the graph's segments: re-exported)
 from specrag.transforms.batching import BatchByKey, GatherParts, shard_of
 from specrag.transforms.records import DEAD, dead_letter, state_raw
 from specrag.transforms.runtime import RuntimeConfig, get_services, models_loaded, worker_setup
@@ -36,16 +37,6 @@ from specrag.transforms.runtime import RuntimeConfig, get_services, models_loade
 EXECUTIONS = ("streaming", "fixed-batch")
 NAMESPACE = "specrag"
 log = logging.getLogger(__name__)
-
-
-def method_segments(stages: Sequence[Any]) -> list[list[Any]]:
-    """Stages cut before every gathering stage: each segment runs fused in one ParDo."""
-    segments: list[list[Any]] = []
-    for stage in stages:
-        if not segments or getattr(stage, "gather", False):
-            segments.append([])
-        segments[-1].append(stage)
-    return segments
 
 
 def segment_label(segment: Sequence[Any]) -> str:

@@ -1,0 +1,173 @@
+"""specrag's options as Beam PipelineOptions: one class per job, plus the shared ones.
+
+They are the same flags the CLI parses, defined once: ``specrag COMMAND --help`` lists them
+by class, Beam knows them (a flag that neither specrag nor Beam defines is an error, never
+silently dropped) and they travel with the job's pipeline options to the runner and its
+workers. Each flag has a dashed spelling and Beam's underscored one (``--max-in-flight`` or
+``--max_in_flight``). Nothing is ``required`` here (Beam parses every options class for
+every job); each job's ``validate`` says what is missing.
+
+Example usage::
+
+    options = PipelineOptions(["--queries=q.parquet", "--output=out", "--index=idx"])
+    answer = options.view_as(AnswerOptions)
+    answer.validate()
+    runtime = options.view_as(RuntimeOptions).runtime_config()
+"""
+from __future__ import annotations
+
+import os
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+THREADS = int(os.environ.get("SPECRAG_THREADS", "1"))
+
+
+def _flag(parser, name: str, **kwargs) -> None:
+    dashed, underscored = f"--{name.replace('_', '-')}", f"--{name}"
+    names = [dashed] if dashed == underscored else [dashed, underscored]
+    parser.add_argument(*names, dest=name, **kwargs)
+
+
+def _missing(options: PipelineOptions, job: str, names: tuple[str, ...]) -> None:
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(options, n) in (None, "")]
+    if missing:
+        raise ValueError(f"{job} needs {', '.join(missing)}")
+
+
+class RuntimeOptions(PipelineOptions):
+    """Where models run and what they read: backend, models by role, index, datastore, engine."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("runtime (models, retrieval, engine)") if hasattr(
+            parser, "add_argument_group") else parser
+        _flag(group, "backend", default="local",
+              help="local: models in the worker process; triton: a Triton server (--triton-url)")
+        _flag(group, "triton_url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
+        _flag(group, "triton_timeout", type=float, default=300.0, help="seconds per Triton request")
+        _flag(group, "triton_retries", type=int, default=3,
+              help="retries (exponential backoff) while the server is unavailable or overloaded")
+        _flag(group, "model", action="append", metavar="ROLE=NAME",
+              help="model for a role, e.g. generator=smollm2-135m-instruct, embedder=all-minilm-l6-v2")
+        _flag(group, "index", help="index folder (`specrag build-index` writes it; any FileSystems path)")
+        _flag(group, "datastore", help="KNN-LM datastore folder (`specrag build-datastore` writes it)")
+        _flag(group, "datastore_kind", default="flat", help="flat (exact) | hnsw")
+        _flag(group, "retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
+        _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
+        _flag(group, "dtype", default="float32", help="float32 | bfloat16 (faster on AMX CPUs, not bit-equal)")
+        _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
+        _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
+        _flag(group, "max_in_flight", type=int, default=64,
+              help="queries running at once in one worker's engine (backpressure beyond)")
+
+    def models_by_role(self, defaults: dict[str, str]) -> dict[str, str]:
+        models = dict(defaults)
+        for spec in self.model or []:
+            role, sep, name = spec.partition("=")
+            if not sep or not role or not name:
+                raise ValueError(f"--model expects ROLE=NAME (e.g. generator=smollm2-135m-instruct), got {spec!r}")
+            models[role] = name
+        return models
+
+    def runtime_config(self):
+        """The RuntimeConfig these options describe (validated against a method by the job)."""
+        from specrag.inference.engine import EngineConfig
+        from specrag.transforms.runtime import RuntimeConfig
+        models = self.models_by_role(dict(RuntimeConfig().models))
+        triton = None
+        if self.backend == "triton" or self.triton_url:
+            from specrag.inference.triton import TritonConfig
+            triton = TritonConfig(url=self.triton_url or TritonConfig().url, timeout_s=self.triton_timeout,
+                                  retries=self.triton_retries)
+        return RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
+                             retriever=self.retriever, num_threads=self.threads, dtype=self.dtype,
+                             engine=EngineConfig(max_batch=self.engine_batch, max_wait_s=self.engine_wait,
+                                                 max_in_flight=self.max_in_flight),
+                             triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind)
+
+
+class AnswerOptions(PipelineOptions):
+    """`specrag answer`: queries in, a method's answers out."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("answer") if hasattr(parser, "add_argument_group") else parser
+        _flag(group, "queries", help="Parquet file or glob (any FileSystems path); required")
+        _flag(group, "output", help="output folder; required")
+        _flag(group, "method", default="standard", help="a registered method (listed below)")
+        _flag(group, "set", action="append", metavar="KEY=VALUE",
+              help="method setting, parsed to the setting's type, e.g. top_k=5")
+        _flag(group, "execution", default="streaming", choices=("streaming", "fixed-batch"),
+              help="streaming: queries enter the per-worker engine as they arrive; "
+                   "fixed-batch: the earlier batch-at-a-time execution (for comparisons)")
+        _flag(group, "batch_size", type=int, default=16, help="queries per batch (fixed-batch execution)")
+        _flag(group, "shards", type=int, default=4, help="shard keys for keyed batching (fixed-batch execution)")
+        _flag(group, "resume", action="store_true",
+              help="keep earlier results in --output and answer only the queries without one")
+        _flag(group, "overwrite", action="store_true", help="replace the results already in --output")
+        _flag(group, "shard_rows", type=int, default=1000,
+              help="results are written in Parquet shards of this many rows as queries finish "
+                   "(what a killed run keeps for --resume)")
+        _flag(group, "bad_files", default="fail", choices=("fail", "dead-letter"),
+              help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
+                   "dead letter naming it while the other files are answered")
+        _flag(group, "max_failure_fraction", type=float, default=0.5,
+              help="exit non-zero (after writing everything) when a larger share of queries fails")
+        _flag(group, "gather_timeout", type=float, default=None,
+              help="seconds a fanned-out query waits for all its parts before going to dead letters "
+                   "(streaming; in batch runs the end of input expires incomplete queries)")
+
+    def validate(self) -> None:
+        _missing(self, "specrag answer", ("queries", "output"))
+
+
+class CorpusOptions(PipelineOptions):
+    """The passages a build job reads (build-index, build-datastore)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("corpus") if hasattr(parser, "add_argument_group") else parser
+        _flag(group, "corpus", help="passages Parquet file or glob (id, title, text); required")
+        _flag(group, "kinds", help="comma-separated index kinds to build "
+                                   "(build-index: bm25,lucene,dense,hnsw,ivf, default bm25; "
+                                   "build-datastore: flat,hnsw, default both)")
+
+
+class BuildIndexOptions(PipelineOptions):
+    """`specrag build-index`: passages → index folder (--index); embeds with --model embedder=NAME."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("build-index") if hasattr(parser, "add_argument_group") else parser
+        _flag(group, "dense_shards", type=int, default=1,
+              help="FAISS indexes in N row-range shards; search merges their top-k")
+
+    def validate(self) -> None:
+        _missing(self.view_as(CorpusOptions), "specrag build-index", ("corpus",))
+        _missing(self.view_as(RuntimeOptions), "specrag build-index", ("index",))
+        if self.dense_shards < 1:
+            raise ValueError("--dense-shards must be >= 1")
+
+
+class BuildDatastoreOptions(PipelineOptions):
+    """`specrag build-datastore`: passages → KNN-LM datastore (--datastore) of --model generator=NAME."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("build-datastore") if hasattr(parser, "add_argument_group") else parser
+        _flag(group, "max_tokens", type=int, default=128, help="tokens per passage")
+        _flag(group, "max_entries", type=int, default=None, help="keep the first N entries in corpus order")
+
+    def validate(self) -> None:
+        _missing(self.view_as(CorpusOptions), "specrag build-datastore", ("corpus",))
+        _missing(self.view_as(RuntimeOptions), "specrag build-datastore", ("datastore",))
+        if self.max_tokens < 1:
+            raise ValueError("--max-tokens must be >= 1")
+
+
+JOB_OPTIONS = {
+    "answer": (AnswerOptions, RuntimeOptions),
+    "build-index": (BuildIndexOptions, CorpusOptions, RuntimeOptions),
+    "build-datastore": (BuildDatastoreOptions, CorpusOptions, RuntimeOptions),
+}
