@@ -15,7 +15,7 @@ export MKL_NUM_THREADS ?= 1
 export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-triton install-gpu demo test test-fast triton-serve clean
+.PHONY: install install-triton install-gpu demo test test-fast test-full triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -60,6 +60,11 @@ test: install install-triton
 test-fast: install
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests -m "not slow"
+
+# the issues' acceptance sizes (e.g. 64 PopQA questions on three runners): about 25 minutes more
+test-full: install install-triton
+	mkdir -p .tmp
+	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests -m full
 
 clean:
 	rm -rf $(VENV) .venv-triton .tmp runs

@@ -90,6 +90,9 @@ class Services:
     datastore: Any = None  # a KNN-LM Datastore (token-level retrieval)
 
 
+DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")
+
+
 class StageTimeout(TimeoutError):
     """A stage of one query ran past the engine's ``stage_timeout_s``."""
 
@@ -199,6 +202,7 @@ class Context:
         with self._busy("retrieval_s"):
             hits = await self._engine.batcher("search", "retriever", k).submit(query)
         self.trace.count("retrieval_calls")
+        self._count_query_embeddings(1)
         self._record_hits(stage, query, hits)
         return hits
 
@@ -256,6 +260,7 @@ class Context:
         with self._busy("retrieval_s"):
             results = await asyncio.gather(*(batcher.submit(q) for q in queries))
         self.trace.count("retrieval_calls", len(queries))
+        self._count_query_embeddings(len(queries))
         for q, hits in zip(queries, results):
             self._record_hits(stage, q, hits)
         return list(results)
@@ -267,6 +272,11 @@ class Context:
             results = await asyncio.gather(*(batcher.submit(v) for v in vectors))
         self.trace.count("retrieval_calls", len(vectors))
         return list(results)
+
+    def _count_query_embeddings(self, n: int) -> None:
+        """A dense retriever embeds each query inside its search: those are embed calls too."""
+        if getattr(self._engine.services.retriever, "kind", None) in DENSE_RETRIEVERS:
+            self.trace.count("embed_calls", n)
 
     def _record_hits(self, stage: str, query: str, hits: Sequence[Any]) -> None:
         self.trace.retrieved.append({"stage": stage, "query": query, "doc_ids": [h.doc_id for h in hits],

@@ -43,12 +43,14 @@ class Generate:
     """One generation with the state's documents (none for no-retrieval) in the prompt."""
 
     max_new_tokens: int | None = None  # None: the task type's default
+    batch_invariant: bool = False
     name: str = "Generate"
 
     async def run(self, item: QueryState, ctx) -> QueryState:
         q = item.query
         request = GenerateRequest(build_prompt(q, item.docs), stop=STOP[q["task_type"]],
-                                  max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]])
+                                  max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]],
+                                  batch_invariant=self.batch_invariant)
         out = await ctx.generate(request)
         return finalise_answer(item, out.text)
 

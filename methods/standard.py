@@ -11,6 +11,9 @@ from specrag.methods.common import Generate, Retrieve
 class StandardConfig(MethodConfig):
     top_k: int = 10  # Speculative RAG / SPS: top-10 documents in the prompt
     max_new_tokens: int | None = None
+    # decode each query alone: its answer then never depends on what shared its micro-batch
+    # (left padding moves logits by float noise), so reruns and runners agree exactly (slower)
+    batch_invariant: bool = False
 
     def validate(self) -> None:
         if self.top_k < 1:
@@ -25,4 +28,4 @@ class StandardRAG(Method):
     needs_retriever = True
 
     def stages(self):
-        return [Retrieve(self.config.top_k), Generate(self.config.max_new_tokens)]
+        return [Retrieve(self.config.top_k), Generate(self.config.max_new_tokens, self.config.batch_invariant)]

@@ -18,13 +18,13 @@ import apache_beam as beam
 from apache_beam.io.parquetio import ReadAllFromParquet
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.shared import Shared
 
 from specrag.methods.base import Method, QueryState
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
 from specrag.pipelines.manifest import write_manifest
+from specrag.pipelines.options import pipeline_options
 from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.sinks import WriteParquetShards
@@ -210,7 +210,7 @@ def run_answer(job: AnswerJob) -> dict:
         stale += match_files(join(out, "results-*.parquet"))
     delete(stale)
     started = time.time()
-    p = beam.Pipeline(options=PipelineOptions(list(job.beam_args)))
+    p = beam.Pipeline(options=pipeline_options(job.beam_args))
     build_answer_pipeline(p, job, done, attempt, fingerprint)
     result = p.run()
     result.wait_until_finish()

@@ -18,9 +18,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.io.parquetio import WriteToParquet
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from specrag.pipelines.manifest import write_manifest
+from specrag.pipelines.options import pipeline_options
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.datastore import KINDS, write_datastore
 from specrag.schemas.tables import DEAD_LETTERS
@@ -60,7 +60,7 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     files.remove_tree(files.join(out, "entries"))
     files.delete(files.match_files(files.join(out, "dead_letters*")))
     started = time.time()
-    with beam.Pipeline(options=PipelineOptions(list(beam_args))) as p:
+    with beam.Pipeline(options=pipeline_options(beam_args)) as p:
         valid, dead = (p | "ReadCorpus" >> ReadParquetRows(corpus)
                        | "ValidatePassages" >> ValidateRows(validate_passage))
         dead | "WriteDeadLetters" >> WriteToParquet(files.join(out, "dead_letters"), DEAD_LETTERS,

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from specrag.inference.triton import TritonConfig
 from specrag.pipelines.manifest import write_manifest
+from specrag.pipelines.options import pipeline_options
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGES
@@ -57,7 +57,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     files.remove_tree(files.join(index_dir, "embeddings"))
     files.delete(files.match_files(files.join(index_dir, "dead_letters*")))
     started = time.time()
-    with beam.Pipeline(options=PipelineOptions(list(beam_args))) as p:
+    with beam.Pipeline(options=pipeline_options(beam_args)) as p:
         rows = p | "ReadCorpus" >> ReadParquetRows(corpus)
         valid, dead = rows | "ValidatePassages" >> ValidateRows(validate_passage)
         valid | "WritePassages" >> WriteToParquet(files.join(index_dir, "shards", "passages"), PASSAGES,

@@ -166,6 +166,24 @@ class BuildDatastoreOptions(PipelineOptions):
             raise ValueError("--max-tokens must be >= 1")
 
 
+# Beam's PortableRunner (and the Flink and Spark runners built on it) reads the job's state
+# stream with a gRPC deadline of --job_server_timeout seconds (default 300): a job that runs
+# longer fails with DEADLINE_EXCEEDED although it is healthy. Batch jobs here run for hours.
+PORTABLE_RUNNERS = ("PortableRunner", "FlinkRunner", "SparkRunner", "PrismRunner")
+LONG_JOB_TIMEOUT_S = 7 * 24 * 3600
+
+
+def pipeline_options(beam_args: tuple[str, ...] | list[str]) -> PipelineOptions:
+    """A job's PipelineOptions; on a portable runner, a job-server deadline that fits a long job
+    unless the user set one."""
+    args = list(beam_args)
+    runner = next((a.split("=", 1)[1] for a in args if a.startswith("--runner=")), "")
+    if runner in PORTABLE_RUNNERS and not any(a.startswith(("--job_server_timeout", "--job-server-timeout"))
+                                              for a in args):
+        args.append(f"--job_server_timeout={LONG_JOB_TIMEOUT_S}")
+    return PipelineOptions(args)
+
+
 JOB_OPTIONS = {
     "answer": (AnswerOptions, RuntimeOptions),
     "build-index": (BuildIndexOptions, CorpusOptions, RuntimeOptions),

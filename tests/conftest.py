@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,13 +67,21 @@ def _pooled_key(corpus: Path, kinds: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str]) -> Path:
+def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str], only: tuple[str, ...] = ()) -> Path:
     """Pooled-corpus indexes, cached under a content-hash key (``_pooled_key``): embedding the
     corpus takes ~10-20 minutes on this machine, so a fresh machine pays it once."""
     import shutil
     from specrag.inference.models import cache_dir
     from specrag.pipelines.build_index import run_build_index
     corpus = imported / "pooled_corpus.parquet"
+    if only:  # the pooled corpus restricted to some datasets' passages (same ids, same order)
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+        keep = set().union(*(pq.read_table(imported / name / "corpus.parquet", columns=["id"]).column("id").to_pylist()
+                             for name in only))
+        table = pq.read_table(corpus)
+        corpus = imported / f"pooled_{'_'.join(only)}_corpus.parquet"
+        pq.write_table(table.filter(pc.is_in(table.column("id"), value_set=pa.array(sorted(keep)))), corpus)
     cached = cache_dir() / "test-fixtures" / f"pooled_{'_'.join(kinds)}_{_pooled_key(corpus, kinds)}"
     if not (cached / ".complete").exists():
         staging = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
@@ -92,8 +101,9 @@ def pooled_bm25(imported, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def pooled_dense(imported, tmp_path_factory) -> Path:
-    """Flat, HNSW and IVF indexes of the pooled corpus (embedding it takes ~10 minutes)."""
-    return _pooled_index(imported, tmp_path_factory, ["dense", "hnsw", "ivf"])
+    """Flat, HNSW and IVF indexes of the NQ and PopQA passages of the pooled corpus (~4k
+    passages: embedding all ~15k would take ~20 minutes on a fresh machine, these ~5)."""
+    return _pooled_index(imported, tmp_path_factory, ["dense", "hnsw", "ivf"], only=("nq", "popqa"))
 
 
 @pytest.fixture(scope="session")

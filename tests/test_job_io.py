@@ -152,6 +152,14 @@ def test_job_options_are_beam_pipeline_options_that_travel_with_the_job():
     assert (answer.queries, answer.max_failure_fraction, answer.set) == ("q.parquet", 0.1, ["top_k=3"])
     config = runtime.runtime_config()
     assert config.engine.max_in_flight == 8 and dict(config.models)["generator"] == "gemma3-270m"
+    from apache_beam.options.pipeline_options import PortableOptions
+    from specrag.pipelines.options import LONG_JOB_TIMEOUT_S, pipeline_options
+    # a portable runner reads the job's state stream under --job_server_timeout (300 s by
+    # default): a long job would fail although healthy, unless given a deadline that fits
+    portable = ["--runner=PortableRunner", "--job_endpoint=localhost:1"]
+    assert pipeline_options(portable).view_as(PortableOptions).job_server_timeout == LONG_JOB_TIMEOUT_S
+    assert pipeline_options(portable + ["--job_server_timeout=60"]).view_as(PortableOptions).job_server_timeout == 60
+    assert pipeline_options(["--runner=FnApiRunner"]).view_as(PortableOptions).job_server_timeout == 300
     travelled = PipelineOptions.from_dictionary(options.get_all_options(drop_default=True))
     assert travelled.view_as(AnswerOptions).output == "out"
     assert travelled.view_as(RuntimeOptions).runtime_config() == config

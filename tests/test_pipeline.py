@@ -175,6 +175,8 @@ def test_cli_answer_and_evaluate_on_demo_data(tmp_path, demo_tables, demo_index,
                  "--index", str(demo_index), "--retriever", "dense", "--set", "top_k=2"]) == 0
     dense = {r["id"]: r for r in _read(tmp_path / "dense", "results")}
     assert len(dense) == n and all(len(r["retrieved"][0]["doc_ids"]) == 2 for r in dense.values())
+    assert all(r["counts"]["embed_calls"] == 1 for r in dense.values())  # the query's embedding
+    assert all(r["counts"]["embed_calls"] == 0 for r in standard.values())  # BM25 embeds nothing
     assert dense["demo-q00"]["retrieved"][0]["doc_ids"][0] == "demo-004"  # Canberra for Australia's capital
     report = json.loads((tmp_path / "standard" / "evaluation.json").read_text())
     assert report["coverage"] == {"queries": n, "answered": n, "dead_letter_ids": 0, "missing": 0,

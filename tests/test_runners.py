@@ -53,18 +53,34 @@ METHODS = {  # small settings: the claim is about the runtime, not the method's 
     "speculative-rag": {"top_k": 4, "drafts": 2, "docs_per_draft": 2, "rationale_max_new_tokens": 8,
                         "answer_max_new_tokens": 16, "batch_invariant": True},
 }
+# (method, data, questions): the demo set in CI; 64 PopQA questions over the pooled BM25 index
+# with `make test-full` (6 and 18 minutes here: three runs each)
+CASES = [("standard", "demo", 16), ("speculative-rag", "demo", 6), ("standard", "popqa", 64),
+         ("speculative-rag", "popqa", 64)]
+PARAMS = [pytest.param(m, d, n, id=f"{m}-{d}-{n}", marks=[pytest.mark.full] if d == "popqa" else [])
+          for m, d, n in CASES]
+POPQA_SETTINGS = {  # short answers; each query decoded alone, so no answer depends on its batch
+    "standard": {"top_k": 3, "max_new_tokens": 8, "batch_invariant": True},
+    "speculative-rag": {"top_k": 4, "drafts": 2, "docs_per_draft": 2, "rationale_max_new_tokens": 4,
+                        "answer_max_new_tokens": 8, "batch_invariant": True},
+}
 
 
-@pytest.mark.parametrize("method_name", sorted(METHODS))
-def test_same_results_on_every_runner_and_one_model_load_per_process(method_name, demo_tables, demo_index,
+@pytest.mark.parametrize("method_name, data, n", PARAMS)
+def test_same_results_on_every_runner_and_one_model_load_per_process(method_name, data, n, request,
                                                                      job_service, tmp_path):
-    # a few questions keep three runs per method inside the CI budget; they still span several
-    # row groups (bundles) and micro-batches
-    queries = pq.read_table(demo_tables[0]).slice(0, 6 if method_name == "speculative-rag" else 16)
+    if data == "demo":
+        table, index, settings = request.getfixturevalue("demo_tables")[0], request.getfixturevalue("demo_index"), \
+            METHODS[method_name]
+    else:
+        table = request.getfixturevalue("imported") / "popqa" / "queries.parquet"
+        index, settings = request.getfixturevalue("pooled_bm25"), POPQA_SETTINGS[method_name]
+    # several row groups (bundles) and micro-batches
+    queries = pq.read_table(table).slice(0, n)
     path = tmp_path / "queries.parquet"
     pq.write_table(pa.Table.from_batches(queries.to_batches(max_chunksize=4)), path, row_group_size=4)
-    method = create_method(method_name, **METHODS[method_name])
-    runtime = RuntimeConfig(index_dir=str(demo_index)).with_roles(method.model_roles)
+    method = create_method(method_name, **settings)
+    runtime = RuntimeConfig(index_dir=str(index)).with_roles(method.model_roles)
     runners = dict(RUNNERS, portable=["--runner=PortableRunner", f"--job_endpoint={job_service}",
                                       "--environment_type=LOOPBACK"])
     answers, manifests = {}, {}

@@ -11,7 +11,7 @@ from specrag.retrieval import open_retriever
 from specrag.schemas import validate_query
 
 # short chunks so that real ASQA answers take several stages in little time
-SHORT = dict(chunk_tokens=12, max_new_tokens=48, top_k=5, groups=3)
+SHORT = dict(chunk_tokens=12, max_new_tokens=48, top_k=5, groups=3, candidates=3)
 
 
 def _queries(imported, name, n):
@@ -72,7 +72,7 @@ def test_stage_records_and_selection(sps_runs):
         stages = s.trace.method.stages
         assert len(out) <= SHORT["max_new_tokens"]
         for st in stages:
-            assert len(st.candidates) == 5 and len(st.subsets) == 5
+            assert len(st.candidates) == SHORT["candidates"] and len(st.subsets) == SHORT["candidates"]
             assert all(len(sub) == min(3, len(st.doc_ids)) for sub in st.subsets)
             assert st.chosen == int(np.argmax(st.similarity))
         assert s.answer.strip() == "".join(st.candidates[st.chosen] for st in stages).strip()
