@@ -157,6 +157,12 @@ class RunSegment(beam.PTransform):
         dead = []
         first = self.segment[0]
         if getattr(first, "gather", False):
+            # The keyed join's shuffle, made explicit: without it the segment before it fuses into
+            # the stateful GatherParts stage, and the FnApiRunner runs a stateful stage on one
+            # worker (fn_runner.py: "a single key cannot be processed concurrently"), so the fan-out
+            # method's model work never spread over worker processes. Distributed runners shuffle
+            # before a stateful ParDo anyway.
+            keyed = keyed | "PartsToJoin" >> beam.Reshuffle()
             keyed = keyed | "TypedKeys" >> beam.Map(lambda kv: kv).with_output_types(Tuple[str, Any])  # str key coder
             joined = keyed | "GatherParts" >> beam.ParDo(
                 GatherParts(first.name, self.gather_timeout_s)).with_input_types(
