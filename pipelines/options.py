@@ -40,8 +40,7 @@ class RuntimeOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        group = parser.add_argument_group("runtime (models, retrieval, engine)") if hasattr(
-            parser, "add_argument_group") else parser
+        group = parser.add_argument_group("runtime (models, retrieval, engine)")
         _flag(group, "backend", default="local",
               help="local: models in the worker process; triton: a Triton server (--triton-url)")
         _flag(group, "triton_url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
@@ -92,7 +91,7 @@ class AnswerOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        group = parser.add_argument_group("answer") if hasattr(parser, "add_argument_group") else parser
+        group = parser.add_argument_group("answer")
         _flag(group, "queries", help="Parquet file or glob (any FileSystems path); required")
         _flag(group, "output", help="output folder; required")
         _flag(group, "method", default="standard", help="a registered method (listed below)")
@@ -127,7 +126,7 @@ class CorpusOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        group = parser.add_argument_group("corpus") if hasattr(parser, "add_argument_group") else parser
+        group = parser.add_argument_group("corpus")
         _flag(group, "corpus", help="passages Parquet file or glob (id, title, text); required")
         _flag(group, "kinds", help="comma-separated index kinds to build "
                                    "(build-index: bm25,lucene,dense,hnsw,ivf, default bm25; "
@@ -139,7 +138,7 @@ class BuildIndexOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        group = parser.add_argument_group("build-index") if hasattr(parser, "add_argument_group") else parser
+        group = parser.add_argument_group("build-index")
         _flag(group, "dense_shards", type=int, default=1,
               help="FAISS indexes in N row-range shards; search merges their top-k")
 
@@ -155,7 +154,7 @@ class BuildDatastoreOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        group = parser.add_argument_group("build-datastore") if hasattr(parser, "add_argument_group") else parser
+        group = parser.add_argument_group("build-datastore")
         _flag(group, "max_tokens", type=int, default=128, help="tokens per passage")
         _flag(group, "max_entries", type=int, default=None, help="keep the first N entries in corpus order")
 
