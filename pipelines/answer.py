@@ -15,15 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.parquetio import ReadAllFromParquet
 from apache_beam.metrics import Metrics
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.utils.shared import Shared
 
 from specrag.methods.base import Method, QueryState
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
-from specrag.pipelines.manifest import write_manifest
+from specrag.pipelines.manifest import identity_differences, job_counters, write_manifest
 from specrag.pipelines.options import pipeline_options
 from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
@@ -31,7 +29,7 @@ from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.records import result_row
 from specrag.transforms.runtime import RuntimeConfig
 from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
-from specrag.transforms.validate import ValidateRows
+from specrag.transforms.validate import ReadIds, ValidateRows
 
 
 @dataclass(frozen=True)
@@ -101,11 +99,7 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     out = job.output
     read = ReadParquetRows(job.queries, job.bad_files)
     rows = p | "ReadQueries" >> read
-    finished = None
-    if finished_files:
-        finished = (p | "FinishedFiles" >> beam.Create(list(finished_files))
-                    | "ReadFinished" >> ReadAllFromParquet(columns=["id"])
-                    | "FinishedIds" >> beam.Map(lambda r: r["id"]))
+    finished = p | "ReadFinished" >> ReadIds(finished_files, "id") if finished_files else None
     valid, dead_rows = rows | "ValidateQueries" >> ValidateRows(validate_query, finished=finished)
     keyed = (valid | "CountQueries" >> beam.Map(_count("queries_in"))
              | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
@@ -146,18 +140,6 @@ def run_identity(job: AnswerJob) -> dict[str, Any]:
 def run_fingerprint(identity: dict[str, Any]) -> str:
     import hashlib
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def identity_differences(earlier: dict, now: dict, prefix: str = "") -> list[str]:
-    """'key: earlier -> now' for every part that differs (nested keys joined by dots)."""
-    out = []
-    for key in sorted(set(earlier) | set(now), key=str):
-        a, b = earlier.get(key), now.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += identity_differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return out
 
 
 def check_resumable(out: str, identity: dict[str, Any]) -> None:
@@ -214,7 +196,7 @@ def run_answer(job: AnswerJob) -> dict:
     build_answer_pipeline(p, job, done, attempt, fingerprint)
     result = p.run()
     result.wait_until_finish()
-    counters = _counters(result)
+    counters = job_counters(result, NAMESPACE)
     failed, inputs = _failure_share(out, attempt, counters)
     manifest = write_manifest(out, {
         "job": "answer",
@@ -241,19 +223,6 @@ def run_answer(job: AnswerJob) -> dict:
                         f"({failed / inputs:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
                         f"outputs and manifest are in {out}")
     return manifest
-
-
-def _counters(result) -> dict[str, int]:
-    """The job's specrag counters (committed values where the runner has them)."""
-    try:
-        metrics = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
-    except Exception:  # a runner without metrics support
-        return {}
-    out: dict[str, int] = {}
-    for c in metrics["counters"]:
-        value = c.committed if c.committed is not None else c.attempted
-        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
-    return dict(sorted(out.items()))
 
 
 def _failure_share(out: str, attempt: int, counters: dict[str, int]) -> tuple[int, int]:

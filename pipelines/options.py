@@ -12,6 +12,7 @@ Example usage::
     options = PipelineOptions(["--queries=q.parquet", "--output=out", "--index=idx"])
     answer = options.view_as(AnswerOptions)
     answer.validate()
+    output = options.view_as(OutputOptions).output
     runtime = options.view_as(RuntimeOptions).runtime_config()
 """
 from __future__ import annotations
@@ -86,14 +87,30 @@ class RuntimeOptions(PipelineOptions):
                              triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind)
 
 
+class OutputOptions(PipelineOptions):
+    """Where a job writes (answer, extract-triplets), and what it does with earlier output and failures."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("output")
+        _flag(group, "output", help="output folder (any FileSystems path); required")
+        _flag(group, "resume", action="store_true",
+              help="keep earlier output in --output and process only the rows without one")
+        _flag(group, "overwrite", action="store_true", help="replace the output already in --output")
+        _flag(group, "bad_files", default="fail", choices=("fail", "dead-letter"),
+              help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
+                   "dead letter naming it while the other files are processed")
+        _flag(group, "max_failure_fraction", type=float, default=0.5,
+              help="exit non-zero (after writing everything) when a larger share of the input fails")
+
+
 class AnswerOptions(PipelineOptions):
-    """`specrag answer`: queries in, a method's answers out."""
+    """`specrag answer`: queries in, a method's answers out (--output and friends: OutputOptions)."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
         group = parser.add_argument_group("answer")
         _flag(group, "queries", help="Parquet file or glob (any FileSystems path); required")
-        _flag(group, "output", help="output folder; required")
         _flag(group, "method", default="standard", help="a registered method (listed below)")
         _flag(group, "set", action="append", metavar="KEY=VALUE",
               help="method setting, parsed to the setting's type, e.g. top_k=5")
@@ -102,27 +119,20 @@ class AnswerOptions(PipelineOptions):
                    "fixed-batch: the earlier batch-at-a-time execution (for comparisons)")
         _flag(group, "batch_size", type=int, default=16, help="queries per batch (fixed-batch execution)")
         _flag(group, "shards", type=int, default=4, help="shard keys for keyed batching (fixed-batch execution)")
-        _flag(group, "resume", action="store_true",
-              help="keep earlier results in --output and answer only the queries without one")
-        _flag(group, "overwrite", action="store_true", help="replace the results already in --output")
         _flag(group, "shard_rows", type=int, default=1000,
               help="results are written in Parquet shards of this many rows as queries finish "
                    "(what a killed run keeps for --resume)")
-        _flag(group, "bad_files", default="fail", choices=("fail", "dead-letter"),
-              help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
-                   "dead letter naming it while the other files are answered")
-        _flag(group, "max_failure_fraction", type=float, default=0.5,
-              help="exit non-zero (after writing everything) when a larger share of queries fails")
         _flag(group, "gather_timeout", type=float, default=None,
               help="seconds a fanned-out query waits for all its parts before going to dead letters "
                    "(streaming; in batch runs the end of input expires incomplete queries)")
 
     def validate(self) -> None:
-        _missing(self, "specrag answer", ("queries", "output"))
+        _missing(self, "specrag answer", ("queries",))
+        _missing(self.view_as(OutputOptions), "specrag answer", ("output",))
 
 
 class CorpusOptions(PipelineOptions):
-    """The passages a build job reads (build-index, build-datastore)."""
+    """The passages a corpus job reads (build-index, build-datastore, extract-triplets)."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
@@ -165,6 +175,31 @@ class BuildDatastoreOptions(PipelineOptions):
             raise ValueError("--max-tokens must be >= 1")
 
 
+class ExtractTripletsOptions(PipelineOptions):
+    """`specrag extract-triplets`: passages → triplets Parquet in --output."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("extract-triplets")
+        _flag(group, "extractor", default="spacy-rules",
+              help="spacy-rules: dependency rules over en_core_web_sm parses (default); "
+                   "generator: --model generator=NAME prompted for <head; relation; tail> lines (local or triton)")
+        _flag(group, "extract_batch", type=int, default=64, help="passages per extractor call (at most)")
+        _flag(group, "max_chars", type=int, default=100_000,
+              help="a longer passage is a dead letter (the parser's memory grows with the input)")
+        _flag(group, "shard_passages", type=int, default=5000,
+              help="passages per output shard pair, written as they finish (what --resume keeps)")
+        _flag(group, "keep_pronouns", action="store_true",
+              help="spacy-rules: keep subject pronouns (he, she, it, they) instead of reading them as the "
+                   "passage's title")
+        _flag(group, "max_new_tokens_triplets", type=int, default=160,
+              help="generator: tokens generated per passage")
+
+    def validate(self) -> None:
+        _missing(self.view_as(CorpusOptions), "specrag extract-triplets", ("corpus",))
+        _missing(self.view_as(OutputOptions), "specrag extract-triplets", ("output",))
+
+
 # Beam's PortableRunner (and the Flink and Spark runners built on it) reads the job's state
 # stream with a gRPC deadline of --job_server_timeout seconds (default 300): a job that runs
 # longer fails with DEADLINE_EXCEEDED although it is healthy. Batch jobs here run for hours.
@@ -184,7 +219,8 @@ def pipeline_options(beam_args: tuple[str, ...] | list[str]) -> PipelineOptions:
 
 
 JOB_OPTIONS = {
-    "answer": (AnswerOptions, RuntimeOptions),
+    "answer": (AnswerOptions, OutputOptions, RuntimeOptions),
+    "extract-triplets": (ExtractTripletsOptions, CorpusOptions, OutputOptions, RuntimeOptions),
     "build-index": (BuildIndexOptions, CorpusOptions, RuntimeOptions),
     "build-datastore": (BuildDatastoreOptions, CorpusOptions, RuntimeOptions),
 }

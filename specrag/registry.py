@@ -1,5 +1,5 @@
 """Every pluggable part of specrag, by name: methods, models, backends, retrievers, dataset
-formats and metrics, in one mechanism.
+triplet extractors, formats and metrics, in one mechanism.
 
 An entry is ``name -> "module:object"`` and is imported on first use, so listing names
 (``--help``, validation at start) costs no heavy import, and a new part is one line here.
@@ -85,6 +85,12 @@ RETRIEVERS = Registry("retriever", {
     "ivf": "specrag.retrieval.dense:DenseRetriever",
 })
 
+# `specrag extract-triplets --extractor NAME` -> the extractor class (retrieval/triplets.py)
+EXTRACTORS = Registry("triplet extractor", {
+    "spacy-rules": "specrag.retrieval.triplet_rules:RuleTripletExtractor",
+    "generator": "specrag.retrieval.triplets:GeneratorTripletExtractor",
+})
+
 # `specrag import` dataset name -> its Format (source folder under ../shared/data, row parser)
 FORMATS = Registry("dataset format", {
     name: f"specrag.importers.formats:{name.upper()}"
@@ -104,4 +110,5 @@ METRICS = Registry("metric", {
 })
 
 REGISTRIES: dict[str, Registry] = {"methods": METHODS, "models": MODELS, "backends": BACKENDS,
-                                   "retrievers": RETRIEVERS, "formats": FORMATS, "metrics": METRICS}
+                                   "retrievers": RETRIEVERS, "extractors": EXTRACTORS, "formats": FORMATS,
+                                   "metrics": METRICS}

@@ -169,6 +169,21 @@ def test_greedy_generation_equals_local(triton_server, generator, demo_tables):
 
 
 @pytest.mark.slow
+def test_triplet_extraction_through_triton_equals_local(triton_server, generator):
+    """The generator as triplet extractor (the paper's way) gives the same triplets served."""
+    from specrag.retrieval.triplets import GeneratorTripletExtractor, Passage
+    passages = [Passage("curie", "Marie Curie", "Marie Curie was born in Warsaw. She discovered radium in 1898."),
+                Passage("paris", "Paris", "Paris is the capital of France. The Seine flows through Paris.")]
+    remote = GeneratorTripletExtractor(_backend(triton_server, "smollm2-135m-instruct"), "smollm2-135m-instruct",
+                                       max_new_tokens=48).extract(passages)
+    local = GeneratorTripletExtractor(generator, "smollm2-135m-instruct", max_new_tokens=48).extract(passages)
+    for r, l in zip(remote, local):
+        assert [(t.head, t.relation, t.tail, t.sentence) for t in r.triplets] == \
+               [(t.head, t.relation, t.tail, t.sentence) for t in l.triplets]
+        np.testing.assert_allclose([t.score for t in r.triplets], [t.score for t in l.triplets], atol=1e-3)
+
+
+@pytest.mark.slow
 def test_scores_and_embeddings_equal_local(triton_server, scorer, embedder, demo_tables):
     questions = _questions(demo_tables, 6)
     requests = [ScoreRequest(f"Question: {q}\nAnswer:", " I do not know.") for q in questions]

@@ -49,6 +49,22 @@ def _first_of_id(element):
             {**row, "_source": source}))
 
 
+class ReadIds(beam.PTransform):
+    """The ids in one column of Parquet files (earlier outputs), read by the job itself: the
+    resume's anti-join input, never baked into the graph."""
+
+    def __init__(self, files: list[str], column: str = "id"):
+        super().__init__()
+        self.files, self.column = list(files), column
+
+    def expand(self, pbegin):
+        from apache_beam.io.parquetio import ReadAllFromParquet
+        column = self.column
+        return (pbegin | "Files" >> beam.Create(self.files)
+                | "Read" >> ReadAllFromParquet(columns=[column])
+                | "Ids" >> beam.Map(lambda r: r[column]))
+
+
 class ValidateRows(beam.PTransform):
     """Rows → (valid rows, dead letters). Duplicate ids keep their first row only."""
 

@@ -1,0 +1,167 @@
+"""`specrag extract-triplets`: corpus Parquet → knowledge triplets Parquet, offline, at corpus scale.
+
+Read passages (any FileSystems path) → validate (bad rows to dead letters) → RunInference
+with the extractor (loaded once per worker, batched) → paired shards written as passages
+finish (``triplets-*.parquet`` + ``extracted-*.parquet``, see transforms/triplets.py) and
+dead letters → manifest with counts and passages/s. ``--resume`` completes a killed run
+(finished passages are skipped, inside the job); the run identity (extractor, its model and
+rules) must match the earlier attempt's.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import RunInference
+
+from specrag.pipelines.manifest import identity_differences, job_counters, write_manifest
+from specrag.pipelines.options import pipeline_options
+from specrag.schemas.tables import DEAD_LETTERS
+from specrag.schemas.validation import validate_passage
+from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
+from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.transforms.sinks import WriteParquetShards
+from specrag.transforms.triplets import (NAMESPACE, ExtractorConfig, TripletModelHandler, WriteTripletShards,
+                                         split_outcomes, to_passage)
+from specrag.transforms.validate import ReadIds, ValidateRows
+
+IDENTITY_FILE = "identity.json"
+
+
+@dataclass
+class ExtractJob:
+    corpus: str
+    output: str
+    extractor: ExtractorConfig
+    beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)
+    batch_size: int = 64  # passages per extractor call (BatchElements' maximum)
+    shard_passages: int = 5000
+    resume: bool = False
+    overwrite: bool = False
+    bad_files: str = "fail"
+    max_failure_fraction: float = 0.5
+
+    def validate(self) -> None:
+        self.extractor.validate()
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite exclude each other")
+        if self.batch_size < 1 or self.shard_passages < 1:
+            raise ValueError("--extract-batch and --shard-passages must be >= 1")
+        if not 0 <= self.max_failure_fraction <= 1:
+            raise ValueError("--max-failure-fraction must be within [0, 1]")
+
+
+class ExtractionFailed(RuntimeError):
+    """More passages failed than --max-failure-fraction allows (everything is written)."""
+
+
+def committed_shards(folder: str) -> list[str]:
+    """Shard names whose extracted-* twin exists (the twin is written last)."""
+    return sorted(f.rsplit("/", 1)[-1][len("extracted-"):-len(".parquet")]
+                  for f in match_files(join(folder, "extracted-*.parquet")))
+
+
+def _prepare_output(job: ExtractJob, identity: dict) -> list[str]:
+    """Refuse to mix runs; returns the extracted-* files of earlier attempts (resume)."""
+    out = job.output
+    earlier = match_files(join(out, "extracted-*.parquet"))
+    if earlier and not (job.resume or job.overwrite):
+        raise ValueError(f"{out} already holds extracted triplets: pass --resume to complete that run, "
+                         "--overwrite to replace it, or choose another --output")
+    if job.resume and exists(join(out, IDENTITY_FILE)):
+        diffs = identity_differences(json.loads(read_text(join(out, IDENTITY_FILE))),
+                                     json.loads(json.dumps(identity, default=str)))
+        if diffs:
+            raise ValueError(f"cannot resume {out}: its triplets were made differently ({'; '.join(diffs)}); "
+                             "use the same extractor settings, --overwrite, or a new --output")
+    elif job.resume and earlier:
+        raise ValueError(f"cannot resume {out}: no {IDENTITY_FILE} says how its triplets were made")
+    mkdirs(out)
+    committed = set(committed_shards(out)) if job.resume else set()
+    stale = [f for f in match_files(join(out, "triplets-*.parquet"))
+             if f.rsplit("/", 1)[-1][len("triplets-"):-len(".parquet")] not in committed]
+    stale += match_files(join(out, "dead_letters-*.parquet"))
+    if not job.resume:
+        stale += earlier
+    delete(stale)
+    write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
+    return [join(out, f"extracted-{s}.parquet") for s in sorted(committed)]
+
+
+def build_extract_pipeline(p: beam.Pipeline, job: ExtractJob, finished_files: list[str] = ()) -> None:
+    reader = ReadParquetRows(job.corpus, bad_files=job.bad_files)
+    rows = p | "ReadCorpus" >> reader
+    finished = p | "ReadFinished" >> ReadIds(finished_files, "passage_id") if finished_files else None
+    valid, rejected = rows | "ValidatePassages" >> ValidateRows(validate_passage, finished=finished)
+    handler = TripletModelHandler(job.extractor, min_batch_size=min(16, job.batch_size), max_batch_size=job.batch_size)
+    results = (valid
+               | "ToPassages" >> beam.Map(to_passage)
+               | "Extract" >> RunInference(handler))
+    done, failed = split_outcomes(results, job.extractor.extractor)
+    done | "WriteTriplets" >> WriteTripletShards(job.output, job.extractor.extractor, job.shard_passages)
+    dead = [failed, rejected | "CountRejected" >> beam.Map(_count_rejected)]
+    if reader.bad:
+        dead.append(reader.dead_letters(p) | "CountUnreadable" >> beam.Map(_count_rejected))
+    (dead | "AllDeadLetters" >> beam.Flatten()
+     | "WriteDeadLetters" >> WriteParquetShards(join(job.output, "dead_letters"), DEAD_LETTERS,
+                                                max_rows=10000, counter="dead_letter_rows"))
+
+
+def _count_rejected(row: dict) -> dict:
+    from apache_beam.metrics import Metrics
+    Metrics.counter(NAMESPACE, f"dead_letters.{row['stage']}.{row['error_type']}").inc()
+    Metrics.counter(NAMESPACE, "dead_letters").inc()
+    return row
+
+
+def run_extract_triplets(job: ExtractJob) -> dict:
+    """Run the job, write the manifest (counts, passages/s); returns it.
+
+    Raises ExtractionFailed (after writing everything) when the dead-letter share of the
+    passages this attempt handled exceeds ``max_failure_fraction``."""
+    job.validate()
+    identity = {"job": "extract-triplets", **job.extractor.identity()}
+    finished = _prepare_output(job, identity)
+    started = time.time()
+    p = beam.Pipeline(options=pipeline_options(job.beam_args))
+    build_extract_pipeline(p, job, finished)
+    result = p.run()
+    result.wait_until_finish()
+    wall = time.time() - started
+    counters = job_counters(result, NAMESPACE)
+    passages = counters.get("passages", 0)
+    failed = counters.get("dead_letters", 0)
+    if not counters:  # a runner without metrics: count the files
+        passages = sum(read_parquet(f, columns=["passage_id"]).num_rows
+                       for f in match_files(join(job.output, "extracted-*.parquet")))
+        failed = sum(read_parquet(f, columns=["id"]).num_rows
+                     for f in match_files(join(job.output, "dead_letters-*.parquet")))
+    fingerprint = _fingerprint(identity, job.corpus)
+    manifest = write_manifest(job.output, {
+        "job": "extract-triplets", "identity": identity, "fingerprint": fingerprint,
+        "inputs": dataset_fingerprint(expand_inputs(job.corpus)),
+        "beam_args": list(job.beam_args), "batch_size": job.batch_size,
+        "resumed": {"earlier_shards": len(finished), "skipped_finished": counters.get("skipped_finished", 0)}
+        if job.resume else None,
+        "passages": passages, "dead_letters": failed, "triplets": counters.get("triplets"),
+        "passages_without_triplets": counters.get("passages_without_triplets"),
+        "sentences": counters.get("sentences"),
+        "wall_s": round(wall, 3), "passages_per_s": round(passages / wall, 2) if wall > 0 else None,
+        "counters": counters,
+    })
+    handled = passages + failed
+    if handled and failed / handled > job.max_failure_fraction:
+        raise ExtractionFailed(f"{failed} of {handled} passages ended as dead letters "
+                               f"({failed / handled:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
+                               f"outputs and manifest are in {job.output}")
+    return manifest
+
+
+def _fingerprint(identity: dict, corpus: str) -> str:
+    """Which extractor over which corpus: AED-RAG's runs name the triplet sets they read."""
+    import hashlib
+    files = dataset_fingerprint(expand_inputs(corpus))
+    return hashlib.sha256(json.dumps([identity, sorted(v["sha256"] for v in files.values())],
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
