@@ -30,18 +30,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import SHARED_SETS, machine_line, markdown_table, publish  # noqa: E402
+from workloads import imported_data, machine_line, markdown_table, publish  # noqa: E402
 
 RESULTS = "benchmarks/results/scaling.md"
 WORK = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
 
 
 def prepare(data_dir: str) -> Path:
-    from specrag.importers import import_datasets
     from specrag.pipelines.build_index import run_build_index
-    data = WORK / "data"
-    if not (data / "pooled_corpus.parquet").exists():
-        import_datasets(Path(data_dir), SHARED_SETS, data, pool=True)
+    data = imported_data(WORK, data_dir)
     if not (WORK / "index" / "manifest.json").exists():
         run_build_index(str(data / "pooled_corpus.parquet"), str(WORK / "index"), ["bm25"])
     return data

@@ -13,6 +13,15 @@ SHARED_SETS = ["hotpotqa", "popqa", "nq", "webquestions", "arc_challenge", "arc_
                "asqa"]
 
 
+def imported_data(work: Path, data_dir: str) -> Path:
+    """../shared/data imported once under ``work`` (queries per set and the pooled corpus)."""
+    from specrag.importers import import_datasets
+    data = work / "data"
+    if not (data / "pooled_corpus.parquet").exists():
+        import_datasets(Path(data_dir), SHARED_SETS, data, pool=True)
+    return data
+
+
 def popqa_bm25(data_dir: str, n: int, prefix: str):
     """(workdir, BM25 retriever over the pooled corpus, first n PopQA queries)."""
     import pyarrow.parquet as pq

@@ -42,8 +42,8 @@ import numpy as np
 from specrag.inference.batcher import MicroBatcher
 from specrag.inference.capabilities import MissingCapability
 from specrag.inference.trace import Trace
-from specrag.inference.types import (GenerateRequest, Generation, NextToken, NextTokenRequest, ScoreRequest,
-                                     Scored)
+from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, NextToken, NextTokenRequest,
+                                     RerankRequest, ScoreRequest, Scored)
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class Services:
     models: dict[str, ModelBackend] = field(default_factory=dict)
     retriever: SearchBackend | None = None
     datastore: Any = None  # a KNN-LM Datastore (token-level retrieval)
+    triplets: Any = None  # a TripletStore: passage id -> its triplet set (AED-RAG)
 
 
 DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")
@@ -187,6 +188,29 @@ class Context:
         self.trace.count("score_calls")
         self.trace.count("prompt_tokens", out.prompt_tokens + len(out.token_logprobs))
         return out
+
+    async def fused_decode(self, request: FusedDecodeRequest, model: str = "generator") -> Generation:
+        """One greedy answer from weighted context streams (batched with other queries' streams)."""
+        with self._busy("generation_s"):
+            out = await self._engine.batcher("fused_decode", model).submit(request)
+        self.trace.count("model_calls")
+        self.trace.count("prompt_tokens", out.prompt_tokens)
+        self.trace.count("generated_tokens", len(out.token_ids))
+        return out
+
+    async def rerank(self, query: str, texts: Sequence[str], model: str = "utility") -> list[float]:
+        """A cross-encoder's score per (query, text): every pair one row of a micro-batch."""
+        batcher = self._engine.batcher("rerank", model)
+        with self._busy("verification_s"):
+            scores = await asyncio.gather(*(batcher.submit(RerankRequest(query, t)) for t in texts))
+        self.trace.count("model_calls")
+        return [float(s) for s in scores]
+
+    def triplet_set(self, passage_id: str) -> tuple:
+        """A passage's triplets (extract-triplets output); KeyError for a passage it never saw."""
+        if self._engine.services.triplets is None:
+            raise RuntimeError("this method reads triplet sets: pass --triplets (built by `specrag extract-triplets`)")
+        return self._engine.services.triplets[passage_id]
 
     async def embed(self, texts: Sequence[str], model: str = "embedder") -> np.ndarray:
         """Embeddings of texts (one row each); every text is one row of a micro-batch."""
@@ -345,9 +369,10 @@ class Engine:
             if getattr(backend, "supports_row_errors", False):  # one bad row fails alone
                 call = functools.partial(call, return_exceptions=True)
             max_batch = self.config.max_batch
-            if op == "embed":  # cheap per item: batch wider
+            if op in ("embed", "rerank"):  # cheap per item: batch wider
                 max_batch = max(max_batch, 64)
-                call = _embed_rows(call)
+                if op == "embed":
+                    call = _embed_rows(call)
             # a local model runs one batch at a time (torch threads do the parallel work);
             # a remote server can take several batches in flight
             inflight = getattr(backend, "max_inflight_batches", 1)

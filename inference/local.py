@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrag.inference.capabilities import EMBED, GENERATE, NEXT_TOKEN, SCORE
+from specrag.inference.capabilities import EMBED, FUSED_DECODE, GENERATE, NEXT_TOKEN, RERANK, SCORE
 from specrag.inference.kv_cache import can_stack, stack_caches
 from specrag.inference.models import materialise, model_spec
-from specrag.inference.types import (GenerateRequest, Generation, NextToken, NextTokenRequest, ScoreRequest,
-                                     Scored)
+from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, NextToken, NextTokenRequest,
+                                     RerankRequest, ScoreRequest, Scored)
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,20 @@ class LocalCausalLM:
                          logits_to_keep=1)
         return res.past_key_values, mask, positions[:, -1], res.logits[:, -1, :]
 
+    def _step(self, past, mask, last_pos, keep: list[int], next_tokens: list[int]):
+        """One decoding step for the batch rows in ``keep`` (finished rows leave the KV cache
+        first), each fed its next token; returns the new cache, mask, positions and logits."""
+        import torch
+        if len(keep) < mask.shape[0]:
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            past.batch_select_indices(index)
+            mask, last_pos = mask[index], last_pos[index]
+        mask = torch.cat([mask, mask.new_ones((len(keep), 1))], dim=1)
+        last_pos = last_pos + 1
+        res = self.model(input_ids=torch.tensor(next_tokens, device=self.device).unsqueeze(1), attention_mask=mask,
+                         position_ids=last_pos.unsqueeze(1), past_key_values=past, use_cache=True)
+        return res.past_key_values, mask, last_pos, res.logits[:, -1, :]
+
     def _generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         import torch
         prompts = [self.prompt_ids(r.prompt, r.chat) + list(r.continuation_ids) for r in requests]
@@ -201,20 +215,9 @@ class LocalCausalLM:
                     keep.append(row)
                 if not keep:
                     break
-                if len(keep) < len(active):
-                    index = torch.tensor(keep, dtype=torch.long, device=self.device)
-                    past.batch_select_indices(index)
-                    mask = mask[index]
-                    last_pos = last_pos[index]
-                    next_tokens = [next_tokens[k] for k in keep]
-                    active = [active[k] for k in keep]
-                mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-                last_pos = last_pos + 1
-                res = self.model(input_ids=torch.tensor(next_tokens, device=self.device).unsqueeze(1),
-                                 attention_mask=mask,
-                                 position_ids=last_pos.unsqueeze(1), past_key_values=past, use_cache=True)
-                past = res.past_key_values
-                logits = res.logits[:, -1, :]
+                next_tokens = [next_tokens[k] for k in keep]
+                active = [active[k] for k in keep]
+                past, mask, last_pos, logits = self._step(past, mask, last_pos, keep, next_tokens)
         self.stats["calls"] += 1
         self.stats["prefill_s"] += prefilled - started
         self.stats["decode_s"] += time.perf_counter() - prefilled
@@ -224,8 +227,144 @@ class LocalCausalLM:
         return [Generation(texts[i], out_ids[i], out_lp[i], len(prompts[i]), finish[i]) for i in range(n)]
 
     def score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        contrastive = [i for i, r in enumerate(requests) if r.contrast_prompt is not None]
         with self._lock:
-            return self._score(requests)
+            if not contrastive:
+                return self._score(requests)
+            out: list[Scored | None] = [None] * len(requests)
+            plain = [i for i in range(len(requests)) if i not in set(contrastive)]
+            for i, scored in zip(plain, self._score([requests[i] for i in plain]) if plain else []):
+                out[i] = scored
+            for i, scored in zip(contrastive, self._contrastive_score([requests[i] for i in contrastive])):
+                out[i] = scored
+            return out
+
+    def fused_decode(self, requests: list[FusedDecodeRequest]) -> list[Generation]:
+        with self._lock:
+            return self._fused_decode(requests)
+
+    def _fused_decode(self, requests: list[FusedDecodeRequest]) -> list[Generation]:
+        """All streams of all requests in one batch, each with its own KV cache; per step and
+        request one weighted sum of the streams' log-probabilities, one argmax, and that token
+        appended to every stream of the request. Finished requests leave the batch."""
+        import torch
+        rows, owner, weight = [], [], []
+        for i, r in enumerate(requests):
+            for prompt, w in r.streams():
+                ids = self.prompt_ids(prompt, r.chat)
+                rows.append(ids)
+                owner.append(i)
+                weight.append(w)
+        n = len(requests)
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        out_lp: list[list[float]] = [[] for _ in range(n)]
+        texts: list[str | None] = [None] * n
+        finish = ["length"] * n
+        active = list(range(len(rows)))  # batch row -> stream index
+        started = time.perf_counter()
+        with torch.inference_mode():
+            past, mask, last_pos, logits = self._prefill(rows, max(r.max_new_tokens for r in requests))
+            prefilled = time.perf_counter()
+            while active:
+                self.stats["decode_steps"] += 1
+                self.stats["decode_rows"] += len(active)
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                w = torch.tensor([weight[s] for s in active], dtype=logp.dtype, device=logp.device)
+                req_of_row = [owner[s] for s in active]
+                present = sorted(set(req_of_row))
+                index = torch.tensor([present.index(q) for q in req_of_row], device=logp.device)
+                fused = torch.zeros((len(present), logp.shape[1]), dtype=logp.dtype, device=logp.device)
+                fused.index_add_(0, index, logp * w.unsqueeze(1))  # sum_z w_z log P(v | z, y_<t)
+                best = fused.argmax(-1)
+                best_lp = fused.gather(-1, best.unsqueeze(-1)).squeeze(-1).tolist()
+                best = best.tolist()
+                done = set()
+                for k, q in enumerate(present):
+                    r = requests[q]
+                    if best[k] in self.eos_ids:
+                        finish[q] = "stop"
+                        done.add(q)
+                        continue
+                    out_ids[q].append(best[k])
+                    out_lp[q].append(best_lp[k])
+                    if r.stop:
+                        text = self.tokenizer.decode(out_ids[q], skip_special_tokens=True)
+                        cut = _first_stop(text, r.stop)
+                        if cut is not None:
+                            texts[q], finish[q] = text[:cut], "stop"
+                            done.add(q)
+                            continue
+                    if len(out_ids[q]) >= r.max_new_tokens:
+                        done.add(q)
+                keep = [row for row, q in enumerate(req_of_row) if q not in done]
+                if not keep:
+                    break
+                next_tokens = [best[present.index(req_of_row[row])] for row in keep]
+                active = [active[row] for row in keep]
+                past, mask, last_pos, logits = self._step(past, mask, last_pos, keep, next_tokens)
+        self.stats["calls"] += 1
+        self.stats["prefill_s"] += prefilled - started
+        self.stats["decode_s"] += time.perf_counter() - prefilled
+        self.stats["prefill_tokens"] += sum(len(p) for p in rows)
+        prompt_tokens = [sum(len(rows[s]) for s in range(len(rows)) if owner[s] == i) for i in range(n)]
+        texts = [t if t is not None else self.tokenizer.decode(ids, skip_special_tokens=True)
+                 for t, ids in zip(texts, out_ids)]
+        return [Generation(texts[i], out_ids[i], out_lp[i], prompt_tokens[i], finish[i]) for i in range(n)]
+
+    def _contrastive_score(self, requests: list[ScoreRequest]) -> list[Scored]:
+        """Per continuation token, log p~ = log softmax((1+a)·l_ctx − a·l_base) at the gold token
+        (log-probabilities stand in for logits: softmax ignores a per-position constant). Each
+        distinct contrast prompt (with its continuation) is computed once per call."""
+        import torch
+        conts = [self.tokenizer(r.continuation, add_special_tokens=False)["input_ids"] for r in requests]
+        if any(not c for c in conts):
+            raise ValueError("score: empty continuation")
+        ctx_rows = [self.prompt_ids(r.prompt, r.chat) + c for r, c in zip(requests, conts)]
+        base_key = [(r.contrast_prompt, r.chat, tuple(c)) for r, c in zip(requests, conts)]
+        distinct = list(dict.fromkeys(base_key))
+        base_rows = [self.prompt_ids(p, chat) + list(c) for p, chat, c in distinct]
+        for row in ctx_rows + base_rows:
+            if len(row) > self.config.max_prompt_tokens:
+                raise ValueError(f"score: prompt + continuation have {len(row)} tokens, over "
+                                 f"max_prompt_tokens={self.config.max_prompt_tokens} of {self.name}")
+        base = self._continuation_logprobs(base_rows, [len(c) for _, _, c in distinct])
+        ctx = self._continuation_logprobs(ctx_rows, [len(c) for c in conts])
+        out = []
+        for r, c, key, lp_ctx in zip(requests, conts, base_key, ctx):
+            lp_base = base[distinct.index(key)]
+            mixed = torch.log_softmax((1 + r.alpha) * lp_ctx - r.alpha * lp_base, dim=-1)
+            target = torch.tensor(c).unsqueeze(-1)
+            out.append(Scored([float(x) for x in mixed.gather(-1, target).squeeze(-1).tolist()],
+                              len(ctx_rows[len(out)]) - len(c), self.tokenizer.convert_ids_to_tokens(c)))
+        return out
+
+    def _continuation_logprobs(self, rows: list[list[int]], clens: list[int]) -> list:
+        """Full-vocabulary log-probabilities [clen, vocab] at each continuation position of
+        each row (the last clen tokens), in sub-batches under the logits budget."""
+        import torch
+        vocab = self.model.config.get_text_config().vocab_size
+        out: list = [None] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        chunk: list[int] = []
+
+        def run(idx):
+            ids, mask = _left_pad([rows[i] for i in idx], self.pad_id, self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            keep = max(clens[i] for i in idx) + 1
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    logits_to_keep=keep).logits
+            for b, i in enumerate(idx):
+                out[i] = torch.log_softmax(logits[b, keep - clens[i] - 1: keep - 1].float(), dim=-1).cpu()
+
+        for i in order:
+            if chunk and (len(chunk) + 1) * (max(clens[j] for j in chunk + [i]) + 1) * vocab * 4 > SCORE_LOGITS_BUDGET:
+                run(chunk)
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            run(chunk)
+        return out
 
     def next_token(self, requests: list[NextTokenRequest]) -> list[NextToken]:
         """Each row alone (batch-invariant): one forward over its whole prefix."""
@@ -262,7 +401,7 @@ class LocalCausalLM:
         import torch
         rows, spans = [], []
         for r in requests:
-            p = self.prompt_ids(r.prompt, chat=False)
+            p = self.prompt_ids(r.prompt, chat=r.chat)
             pieces = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in r.segments or (r.continuation,)]
             c = [i for piece in pieces for i in piece]
             if not c:
@@ -341,10 +480,48 @@ class LocalEncoder:
         return out
 
 
+class LocalCrossEncoder:
+    """rerank(): one score per (query, text) pair from a cross-encoder specrag trained
+    (inference/cross_encoder.py; ``specrag train-utility`` writes one). Pairs are cut to the
+    card's ``max_length`` tokens, the text side first."""
+
+    def __init__(self, config: LocalModelConfig):
+        import json
+        import torch
+        from transformers import AutoTokenizer
+        from specrag.inference.cross_encoder import load_cross_encoder
+        from specrag.inference.models import CARD
+        set_torch_threads(config.num_threads)
+        path = materialise(config.model)
+        card = json.loads((path / CARD).read_text()) if (path / CARD).is_file() else {}
+        self.name = config.model
+        self.max_length = int(card.get("max_length", 256))
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.device = torch.device(config.device)
+        self.model = load_cross_encoder(path, dtype=config.torch_dtype()).to(self.device).eval()
+        self._lock = threading.Lock()
+
+    def rerank(self, requests: list[RerankRequest], batch_size: int = 32) -> list[float]:
+        import torch
+        out = [0.0] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].query) + len(requests[i].text))
+        with self._lock, torch.inference_mode():
+            for s in range(0, len(order), batch_size):
+                idx = order[s:s + batch_size]
+                enc = self.tokenizer([requests[i].query for i in idx], [requests[i].text for i in idx],
+                                     padding=True, truncation="only_second", max_length=self.max_length,
+                                     return_tensors="pt").to(self.device)
+                for i, v in zip(idx, self.model(**enc).float().cpu().tolist()):
+                    out[i] = float(v)
+        return out
+
+
 class LocalBackend:
     """The operations of one model, as the engine's ModelBackend protocol expects."""
 
-    SERVES = {"causal-lm": frozenset({GENERATE, SCORE, NEXT_TOKEN}), "encoder": frozenset({EMBED})}
+    SERVES = {"causal-lm": frozenset({GENERATE, SCORE, NEXT_TOKEN, FUSED_DECODE}), "encoder": frozenset({EMBED}),
+              "cross-encoder": frozenset({RERANK})}
+    IMPLS = {"causal-lm": "LocalCausalLM", "encoder": "LocalEncoder", "cross-encoder": "LocalCrossEncoder"}
 
     @classmethod
     def serves(cls, model: str) -> frozenset[str]:
@@ -355,7 +532,7 @@ class LocalBackend:
         spec = model_spec(config.model)
         self.name = config.model
         self.capabilities = self.serves(config.model)
-        self._impl = LocalCausalLM(config) if spec.kind == "causal-lm" else LocalEncoder(config)
+        self._impl = globals()[self.IMPLS[spec.kind]](config)
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         return self._require("generate")(requests)
@@ -378,6 +555,12 @@ class LocalBackend:
 
     def score(self, requests: list[ScoreRequest]) -> list[Scored]:
         return self._require("score")(requests)
+
+    def fused_decode(self, requests: list[FusedDecodeRequest]) -> list[Generation]:
+        return self._require("fused_decode")(requests)
+
+    def rerank(self, requests: list[RerankRequest]) -> list[float]:
+        return self._require("rerank")(requests)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self._require("embed")(texts)

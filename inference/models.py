@@ -45,7 +45,7 @@ def _minilm_dir() -> Path:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    kind: str  # "causal-lm" | "encoder"
+    kind: str  # "causal-lm" | "encoder" | "cross-encoder"
     locate: Callable[[], Path]  # GGUF file, or a transformers folder
     description: str
 
@@ -66,8 +66,27 @@ def cache_dir() -> Path:
     return path
 
 
+CARD = "specrag_model.json"  # a model specrag trained: its kind, base model, training and departures
+
+
+def trained_spec(folder: str | Path) -> ModelSpec | None:
+    """The ModelSpec of a model folder specrag wrote (``train-utility``), or None."""
+    import json
+    card = Path(folder) / CARD
+    if not card.is_file():
+        return None
+    meta = json.loads(card.read_text())
+    return ModelSpec(str(folder), meta["kind"], lambda: Path(folder), meta.get("description", str(folder)))
+
+
 def model_spec(name: str) -> ModelSpec:
-    return MODELS[name]  # an unknown name: UnknownEntry (a ValueError) listing the known ones
+    """A registered model by name, or a trained model by its folder."""
+    if name in MODELS:
+        return MODELS[name]
+    spec = trained_spec(name) if name and ("/" in name or Path(name).is_dir()) else None
+    if spec is None:
+        return MODELS[name]  # UnknownEntry (a ValueError) listing the known ones
+    return spec
 
 
 def model_identity(name: str) -> str:

@@ -26,9 +26,10 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from specrag.inference.capabilities import EMBED, GENERATE, SCORE
+from specrag.inference.capabilities import EMBED, FUSED_DECODE, GENERATE, RERANK, SCORE
 from specrag.inference.triton_protocol import (OPS, PARAM_MODEL, PARAM_OP, decode_results, encode_requests)
-from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, RerankRequest, ScoreRequest,
+                                     Scored)
 
 PROTOCOLS = ("grpc", "http")
 
@@ -154,14 +155,16 @@ class TritonBackend:
     """ModelBackend for one set of weights (e.g. gemma3-270m) served by a Triton server."""
 
     supports_row_errors = True  # the engine may take per-row exceptions in a result list
-    # model_repo/ serves generate and score for causal LMs, embed for encoders (no next_token:
-    # KNN-LM needs hidden states per step, which the served models do not return)
-    SERVES = {"causal-lm": frozenset({GENERATE, SCORE}), "encoder": frozenset({EMBED})}
+    # model_repo/ serves generate, score and fused_decode for causal LMs, embed for encoders,
+    # rerank for a trained cross-encoder (launch.py --utility-model); no next_token: KNN-LM
+    # needs hidden states per step, which the served models do not return
+    SERVES = {"causal-lm": frozenset({GENERATE, SCORE, FUSED_DECODE}), "encoder": frozenset({EMBED}),
+              "cross-encoder": frozenset({RERANK})}
 
     @classmethod
     def serves(cls, model: str) -> frozenset[str]:
         from specrag.inference.models import model_spec
-        return cls.SERVES[model_spec(model).kind]
+        return cls.SERVES.get(model_spec(model).kind, frozenset())
 
     def __init__(self, model: str, config: TritonConfig = TritonConfig()):
         self.name = model
@@ -225,6 +228,12 @@ class TritonBackend:
 
     def score(self, requests: list[ScoreRequest], return_exceptions: bool = False) -> list[Scored]:
         return self._call("score", requests, return_exceptions)
+
+    def fused_decode(self, requests: list[FusedDecodeRequest], return_exceptions: bool = False) -> list[Generation]:
+        return self._call("fused_decode", requests, return_exceptions)
+
+    def rerank(self, requests: list[RerankRequest], return_exceptions: bool = False) -> list[float]:
+        return self._call("rerank", requests, return_exceptions)
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return [self._tokenizer()(t, add_special_tokens=False)["input_ids"] for t in texts]

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, RerankRequest, ScoreRequest,
+                                     Scored)
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,17 @@ OPS: dict[str, OpSpec] = {
         outputs=(("TEXT", "BYTES"), ("TOKEN_IDS", "INT64"), ("TOKEN_LOGPROBS", "FP32"),
                  ("NUM_TOKENS", "INT32"), ("PROMPT_TOKENS", "INT32"), ("FINISH_REASON", "BYTES"))),
     "score": OpSpec(
-        inputs=(("PROMPT", "BYTES"), ("CONTINUATION", "BYTES"), ("SEGMENTS", "BYTES")),
+        inputs=(("PROMPT", "BYTES"), ("CONTINUATION", "BYTES"), ("SEGMENTS", "BYTES"),
+                ("CONTRAST_PROMPT", "BYTES"), ("ALPHA", "FP64"), ("CHAT", "BOOL")),
         outputs=(("TOKEN_LOGPROBS", "FP32"), ("TOKENS", "BYTES"), ("NUM_TOKENS", "INT32"),
                  ("PROMPT_TOKENS", "INT32"), ("SEGMENT_LENGTHS", "BYTES"))),
     "embed": OpSpec(inputs=(("TEXT", "BYTES"),), outputs=(("EMBEDDING", "FP32"),)),
+    "fused_decode": OpSpec(
+        inputs=(("PROMPTS", "BYTES"), ("WEIGHTS", "BYTES"), ("MAX_NEW_TOKENS", "INT32"), ("STOP", "BYTES"),
+                ("CHAT", "BOOL")),
+        outputs=(("TEXT", "BYTES"), ("TOKEN_IDS", "INT64"), ("TOKEN_LOGPROBS", "FP32"),
+                 ("NUM_TOKENS", "INT32"), ("PROMPT_TOKENS", "INT32"), ("FINISH_REASON", "BYTES"))),
+    "rerank": OpSpec(inputs=(("QUERY", "BYTES"), ("TEXT", "BYTES")), outputs=(("SCORE", "FP32"),)),
 }
 
 # (sampling settings travel as FP64: 0.7 in FP32 is 0.699999988 and would sample differently)
@@ -83,9 +91,22 @@ def encode_requests(op: str, requests: list) -> dict[str, np.ndarray]:
     if op == "score":
         return {"PROMPT": _column([r.prompt for r in requests], "BYTES"),
                 "CONTINUATION": _column([r.continuation for r in requests], "BYTES"),
-                "SEGMENTS": _column([json.dumps(list(r.segments)) for r in requests], "BYTES")}
+                "SEGMENTS": _column([json.dumps(list(r.segments)) for r in requests], "BYTES"),
+                # JSON: null (no contrast) stays apart from an empty contrast prompt
+                "CONTRAST_PROMPT": _column([json.dumps(r.contrast_prompt) for r in requests], "BYTES"),
+                "ALPHA": _column([r.alpha for r in requests], "FP64"),
+                "CHAT": _column([r.chat for r in requests], "BOOL")}
     if op == "embed":
         return {"TEXT": _column(list(requests), "BYTES")}
+    if op == "fused_decode":  # weights as JSON text: FP64 exactly, any number of streams
+        return {"PROMPTS": _column([json.dumps(list(r.prompts)) for r in requests], "BYTES"),
+                "WEIGHTS": _column([json.dumps(list(r.weights)) for r in requests], "BYTES"),
+                "MAX_NEW_TOKENS": _column([r.max_new_tokens for r in requests], "INT32"),
+                "STOP": _column([json.dumps(list(r.stop)) for r in requests], "BYTES"),
+                "CHAT": _column([r.chat for r in requests], "BOOL")}
+    if op == "rerank":
+        return {"QUERY": _column([r.query for r in requests], "BYTES"),
+                "TEXT": _column([r.text for r in requests], "BYTES")}
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
 
 
@@ -103,16 +124,25 @@ def decode_requests(op: str, tensors: dict[str, np.ndarray]) -> list:
                                 continuation_ids=tuple(json.loads(_text(tensors["CONTINUATION_IDS"][i][0]))),
                                 batch_invariant=bool(tensors["BATCH_INVARIANT"][i][0])) for i in range(rows)]
     if op == "score":
-        return [ScoreRequest(_text(p[0]), _text(c[0]), tuple(json.loads(_text(s[0]))))
-                for p, c, s in zip(tensors["PROMPT"], tensors["CONTINUATION"], tensors["SEGMENTS"])]
+        return [ScoreRequest(_text(p[0]), _text(c[0]), tuple(json.loads(_text(s[0]))),
+                             contrast_prompt=json.loads(_text(cp[0])), alpha=float(a[0]), chat=bool(ch[0]))
+                for p, c, s, cp, a, ch in zip(tensors["PROMPT"], tensors["CONTINUATION"], tensors["SEGMENTS"],
+                                              tensors["CONTRAST_PROMPT"], tensors["ALPHA"], tensors["CHAT"])]
     if op == "embed":
         return [_text(t[0]) for t in tensors["TEXT"]]
+    if op == "fused_decode":
+        return [FusedDecodeRequest(tuple(json.loads(_text(p[0]))), tuple(float(x) for x in json.loads(_text(w[0]))),
+                                   max_new_tokens=int(n[0]), stop=tuple(json.loads(_text(st[0]))), chat=bool(ch[0]))
+                for p, w, n, st, ch in zip(tensors["PROMPTS"], tensors["WEIGHTS"], tensors["MAX_NEW_TOKENS"],
+                                           tensors["STOP"], tensors["CHAT"])]
+    if op == "rerank":
+        return [RerankRequest(_text(q[0]), _text(t[0])) for q, t in zip(tensors["QUERY"], tensors["TEXT"])]
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
 
 
 # -- results: server encodes, client decodes ----------------------------------------------
 def encode_results(op: str, results) -> dict[str, np.ndarray]:
-    if op == "generate":
+    if op in ("generate", "fused_decode"):
         ids, n = _padded([g.token_ids for g in results], np.int64, -1)
         lps, _ = _padded([g.token_logprobs for g in results], np.float32, 0.0)
         return {"TEXT": _column([g.text for g in results], "BYTES"), "TOKEN_IDS": ids,
@@ -127,12 +157,14 @@ def encode_results(op: str, results) -> dict[str, np.ndarray]:
                 "SEGMENT_LENGTHS": _column([json.dumps(s.segment_lengths) for s in results], "BYTES")}
     if op == "embed":
         return {"EMBEDDING": np.asarray(results, dtype=np.float32)}
+    if op == "rerank":
+        return {"SCORE": np.array([[float(x)] for x in results], dtype=np.float32)}
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
 
 
 def decode_results(op: str, tensors: dict[str, np.ndarray]) -> list:
     """One result per row of the output tensors."""
-    if op == "generate":
+    if op in ("generate", "fused_decode"):
         out = []
         for i in range(len(tensors["TEXT"])):
             n = int(tensors["NUM_TOKENS"][i][0])
@@ -153,4 +185,6 @@ def decode_results(op: str, tensors: dict[str, np.ndarray]) -> list:
         return out
     if op == "embed":
         return list(np.asarray(tensors["EMBEDDING"], dtype=np.float32))
+    if op == "rerank":
+        return [float(x[0]) for x in tensors["SCORE"]]
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")

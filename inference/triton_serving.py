@@ -116,6 +116,14 @@ class ScoreModel(_ServedModel):
     op = "score"
 
 
+class FusedDecodeModel(_ServedModel):
+    op = "fused_decode"
+
+
+class RerankModel(_ServedModel):
+    op = "rerank"
+
+
 class EmbedModel(_ServedModel):
     op = "embed"
 

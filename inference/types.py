@@ -26,6 +26,37 @@ class GenerateRequest:
     batch_invariant: bool = False
 
 
+@dataclass(frozen=True)
+class FusedDecodeRequest:
+    """One greedy answer decoded from several context streams at once (AED-RAG, eq. 14):
+    y_t = argmax_v sum_z w_z log P(v | prompt_z, y_<t). Every stream continues with the same
+    chosen token; a stream of weight 0 contributes nothing and is not computed."""
+
+    prompts: tuple[str, ...]
+    weights: tuple[float, ...]
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    chat: bool = True
+
+    def __post_init__(self):
+        if not self.prompts or len(self.prompts) != len(self.weights):
+            raise ValueError("FusedDecodeRequest: one weight per prompt, at least one prompt")
+        if any(w < 0 or w != w for w in self.weights) or not any(w > 0 for w in self.weights):
+            raise ValueError(f"FusedDecodeRequest: weights must be >= 0 with one > 0, got {self.weights}")
+
+    def streams(self) -> list[tuple[str, float]]:
+        """The (prompt, weight) pairs that are computed."""
+        return [(p, w) for p, w in zip(self.prompts, self.weights) if w > 0]
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """A (query, unit) pair for a cross-encoder: one relevance or utility score (AED-RAG's S_phi)."""
+
+    query: str
+    text: str
+
+
 @dataclass
 class Generation:
     text: str
@@ -47,10 +78,19 @@ class ScoreRequest:
     prompt: str
     continuation: str
     segments: tuple[str, ...] = ()
+    # Contrastive scoring (CAD; AED-RAG's contrastive perplexity): with a contrast prompt, each
+    # continuation token gets log softmax((1+alpha)·logit(·|prompt) − alpha·logit(·|contrast_prompt))
+    # instead of its plain log-probability. A contrast prompt shared by several requests (a
+    # question's no-context prompt) is computed once.
+    contrast_prompt: str | None = None
+    alpha: float = 0.0
+    chat: bool = False  # wrap prompt (and contrast prompt) in the model's chat template
 
     def __post_init__(self):
         if self.segments and "".join(self.segments) != self.continuation:
             raise ValueError("ScoreRequest: the segments must join to the continuation")
+        if self.contrast_prompt is None and self.alpha != 0.0:
+            raise ValueError("ScoreRequest: alpha needs a contrast_prompt")
 
     @classmethod
     def of_segments(cls, prompt: str, segments: tuple[str, ...] | list[str]) -> "ScoreRequest":

@@ -93,6 +93,7 @@ class Method:
     trace_class: ClassVar[type | None] = None  # reported per query: the results' ``trace`` column
     needs_retriever: ClassVar[bool] = False
     needs_datastore: ClassVar[bool] = False  # token-level retrieval (KNN-LM)
+    needs_triplets: ClassVar[bool] = False  # triplet sets of retrieved passages (AED-RAG)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -5,8 +5,9 @@ from dataclasses import dataclass, field
 
 from specrag.inference.types import GenerateRequest
 from specrag.methods.base import QueryState
-from specrag.methods.prompts import (MAX_NEW_TOKENS, STOP, build_prompt, extract_choice, extract_label,
-                                     extract_short_answer)
+from specrag.methods.prompts import (MAX_NEW_TOKENS, STOP, aed_context, aed_prompt, build_prompt, extract_choice,
+                                     extract_label, extract_short_answer)
+from specrag.retrieval.base import passage_text
 
 
 @dataclass
@@ -44,11 +45,17 @@ class Generate:
 
     max_new_tokens: int | None = None  # None: the task type's default
     batch_invariant: bool = False
+    prompt: str = "default"  # or "aed": AED-RAG's template (short-form questions)
     name: str = "Generate"
 
     async def run(self, item: QueryState, ctx) -> QueryState:
         q = item.query
-        request = GenerateRequest(build_prompt(q, item.docs), stop=STOP[q["task_type"]],
+        if self.prompt == "aed":
+            text = aed_prompt(aed_context([passage_text(d.title, d.text) for d in item.docs]), q["question"])
+        else:
+            text = build_prompt(q, item.docs)
+        # the AED template makes small models open with a "### Output:" line: no stop at a newline
+        request = GenerateRequest(text, stop=() if self.prompt == "aed" else STOP[q["task_type"]],
                                   max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]],
                                   batch_invariant=self.batch_invariant)
         out = await ctx.generate(request)

@@ -57,12 +57,14 @@ STOP = {"short_form": ("\n",), "multiple_choice": ("\n\n",), "claim_verification
 
 
 _PREFIX = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?(?:answer|response)\s*(?:is)?\s*[:\-]?\s*", re.I)
+# a markdown section header a model echoes from an instruction-style prompt ("### Output:")
+_HEADER = re.compile(r"^\s*#+\s*(?:output|response|answer)\s*:?\s*", re.I)
 
 
 def extract_short_answer(output: str) -> str:
     """First non-empty line, without an 'Answer:' prefix or a final full stop."""
     for line in output.strip().splitlines():
-        line = _PREFIX.sub("", line.strip()).strip()
+        line = _PREFIX.sub("", _HEADER.sub("", line.strip())).strip()
         if line:
             return line[:-1] if line.endswith(".") else line
     return ""
@@ -98,3 +100,23 @@ def extract_label(output: str, labels: Sequence[str] = ("true", "false")) -> str
     words = "|".join(re.escape(l) for l in labels)
     m = re.search(rf"\b({words})\b", output.lower())
     return m.group(1) if m else None
+
+
+# AED-RAG (Zhou et al., Table 6): the generation prompt, identical for AED-RAG and its
+# baselines, and the self-sufficiency passage's prompt (after GainRAG).
+AED_ANSWER = "{context}\n ### Instruction: \n Answer the question below concisely in a few words.\n\n ### Input: \n {query}"
+AED_SELF_SUFFICIENCY = ("Please provide background for the question below in 100 words. Do not respond with anything "
+                        "other than background. If you do not know or are unsure, please generate \"N/A\" directly. "
+                        "Question: {query}")
+AED_MAX_CONTEXT_CHARS = 1200  # per passage, as format_documents clips
+
+
+def aed_context(texts: Sequence[str]) -> str:
+    """Several units as one context block (passages clipped like ``format_documents``)."""
+    clipped = [t if len(t) <= AED_MAX_CONTEXT_CHARS else t[:AED_MAX_CONTEXT_CHARS].rsplit(" ", 1)[0] + " ..."
+               for t in texts]
+    return "\n".join(clipped)
+
+
+def aed_prompt(context: str, question: str) -> str:
+    return AED_ANSWER.format(context=context, query=question)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from specrag.methods.base import Method, MethodConfig
 from specrag.methods.common import Generate, Retrieve
 
+PROMPTS = ("default", "aed")
+
 
 @dataclass(frozen=True)
 class StandardConfig(MethodConfig):
@@ -14,8 +16,13 @@ class StandardConfig(MethodConfig):
     # decode each query alone: its answer then never depends on what shared its micro-batch
     # (left padding moves logits by float noise), so reruns and runners agree exactly (slower)
     batch_invariant: bool = False
+    # "default": the Self-RAG-style prompt of the other methods; "aed": AED-RAG's template
+    # (its baselines and AED-RAG share one prompt)
+    prompt: str = "default"
 
     def validate(self) -> None:
+        if self.prompt not in PROMPTS:
+            raise ValueError(f"prompt must be one of {PROMPTS}, got {self.prompt!r}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -28,4 +35,5 @@ class StandardRAG(Method):
     needs_retriever = True
 
     def stages(self):
-        return [Retrieve(self.config.top_k), Generate(self.config.max_new_tokens, self.config.batch_invariant)]
+        return [Retrieve(self.config.top_k), Generate(self.config.max_new_tokens, self.config.batch_invariant,
+                                                      prompt=self.config.prompt)]

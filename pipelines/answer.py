@@ -54,7 +54,7 @@ class AnswerJob:
 
     def validate(self) -> None:
         self.runtime.validate(self.method.needs, self.method.needs_retriever, self.method.needs_datastore,
-                              method=f"method {self.method.name!r}")
+                              method=f"method {self.method.name!r}", needs_triplets=self.method.needs_triplets)
         if self.batch_size < 1 or self.num_shards < 1:
             raise ValueError("batch_size and num_shards must be >= 1")
         if not 0.0 <= self.max_failure_fraction <= 1.0:

@@ -1,4 +1,5 @@
-"""The `specrag` command: import-data, build-index, build-datastore, extract-triplets, answer, evaluate, demo.
+"""The `specrag` command: import-data, build-index, build-datastore, extract-triplets, label-utility,
+train-utility, answer, evaluate, demo.
 
 The Beam jobs (answer, build-index, build-datastore, extract-triplets) take their flags from PipelineOptions
 classes (pipelines/options.py): the same definitions make the CLI, ``--help`` and the
@@ -92,7 +93,9 @@ def cmd_build_datastore(args, flags) -> int:
     return 0
 
 
-def cmd_answer(args, flags) -> int:
+def _run_answer_flags(flags, command: str, method_name: str | None = None):
+    """The answer job from its flags (label-utility: with the aed-label method); returns
+    (manifest or None when the run failed its threshold, output folder)."""
     from specrag.methods import create_method
     from specrag.methods.base import parse_settings
     from specrag.pipelines.answer import AnswerJob, RunFailed, run_answer
@@ -100,7 +103,10 @@ def cmd_answer(args, flags) -> int:
     options, beam_args = _job_options(flags)
     a, o = options.view_as(AnswerOptions), options.view_as(OutputOptions)
     a.validate()
-    method = create_method(a.method, **parse_settings(a.method, a.set or []))
+    name = method_name or a.method
+    if method_name and a.method not in ("standard", method_name):  # standard: the flag's default
+        raise ValueError(f"{command} runs method {method_name!r}; drop --method {a.method}")
+    method = create_method(name, **parse_settings(name, a.set or []))
     runtime = options.view_as(RuntimeOptions).runtime_config().with_roles(method.model_roles)
     job = AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
                     num_shards=a.shards, beam_args=beam_args, resume=o.resume,
@@ -108,11 +114,46 @@ def cmd_answer(args, flags) -> int:
                     max_failure_fraction=o.max_failure_fraction, gather_timeout_s=a.gather_timeout,
                     shard_rows=a.shard_rows, bad_files=o.bad_files)
     try:
-        manifest = run_answer(job)
+        return run_answer(job), o.output
     except RunFailed as e:
-        print(f"specrag answer: failed: {e}", file=sys.stderr)
+        print(f"specrag {command}: failed: {e}", file=sys.stderr)
+        return None, o.output
+
+
+def cmd_answer(args, flags) -> int:
+    manifest, out = _run_answer_flags(flags, "answer")
+    if manifest is None:
         return 1
-    print(f"wrote {o.output} ({manifest['wall_s']} s); manifest: {o.output.rstrip('/')}/manifest.json")
+    print(f"wrote {out} ({manifest['wall_s']} s); manifest: {out.rstrip('/')}/manifest.json")
+    return 0
+
+
+def cmd_label_utility(args, flags) -> int:
+    from specrag.pipelines.utility import write_labels
+    manifest, out = _run_answer_flags(flags, "label-utility", method_name="aed-label")
+    if manifest is None:
+        return 1
+    summary = write_labels(out)
+    print(f"{summary['questions']} questions, {summary['units']} labelled units in {manifest['wall_s']} s; "
+          f"wrote {summary['labels']}")
+    return 0
+
+
+def cmd_train_utility(args, extra) -> int:
+    from specrag.pipelines.utility import run_train_utility
+    from specrag.retrieval.utility_predictor import UtilityTrainingConfig
+    config = UtilityTrainingConfig(epochs=args.epochs, learning_rate=args.learning_rate,
+                                   head_learning_rate=args.head_learning_rate,
+                                   batch_queries=args.batch_queries, max_units=args.max_units,
+                                   max_length=args.max_length, held_out=args.held_out, seed=args.seed,
+                                   threads=args.threads)
+    report = run_train_utility(args.labels, args.output, config, threads=args.threads)
+    print(json.dumps({k: report[k] for k in ("questions", "dropped_useless", "train_questions",
+                                             "held_out_questions", "steps", "epoch_loss", "wall_s")}))
+    print(f"held-out ranking agreement with the CPPL teacher (mean Spearman): trained "
+          f"{report['spearman_trained']:.3f}, before training {report['spearman_initial']:.3f}, "
+          f"untrained MiniLM similarity {report['spearman_untrained']:.3f}")
+    print(f"saved the utility predictor to {args.output} (use --model utility={args.output})")
     return 0
 
 
@@ -213,6 +254,26 @@ def parser() -> argparse.ArgumentParser:
     _add_job_options(p, "extract-triplets")
     p.set_defaults(fn=cmd_extract_triplets)
 
+    p = sub.add_parser("label-utility", help="CPPL labels of AED-RAG's candidate units for training questions "
+                                             "(Beam job: the answer job with method aed-label)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_job_options(p, "answer")
+    p.set_defaults(fn=cmd_label_utility)
+
+    p = sub.add_parser("train-utility", help="train AED-RAG's utility predictor from label-utility's labels")
+    p.add_argument("--labels", required=True, help="label-utility output folder, labels Parquet file or glob")
+    p.add_argument("--output", required=True, help="model folder to write (then --model utility=FOLDER)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--learning-rate", type=float, default=6e-5, help="the encoder's (paper: 6e-5)")
+    p.add_argument("--head-learning-rate", type=float, default=1e-3, help="the new one-logit head's")
+    p.add_argument("--batch-queries", type=int, default=8, help="questions per optimisation step (paper: 8)")
+    p.add_argument("--max-units", type=int, default=32, help="units per question, lowest CPPL first (paper: 32)")
+    p.add_argument("--max-length", type=int, default=256, help="tokens per (question, unit) pair")
+    p.add_argument("--held-out", type=float, default=0.1, help="share of questions kept back for the ranking check")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p.set_defaults(fn=cmd_train_utility)
+
     p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.epilog_fn = _methods_epilog
@@ -243,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(f"unexpected arguments: {unknown}")
     # a Beam job gets all its flags (specrag's and Beam's): they travel with its pipeline options
     flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
-                                                               cmd_extract_triplets) else extra
+                                                               cmd_extract_triplets, cmd_label_utility) else extra
     try:
         return args.fn(args, flags)
     except (ValueError, FileNotFoundError, KeyError, TypeError) as e:

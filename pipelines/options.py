@@ -53,6 +53,8 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "index", help="index folder (`specrag build-index` writes it; any FileSystems path)")
         _flag(group, "datastore", help="KNN-LM datastore folder (`specrag build-datastore` writes it)")
         _flag(group, "datastore_kind", default="flat", help="flat (exact) | hnsw")
+        _flag(group, "triplets", help="triplet sets of the index's passages (`specrag extract-triplets` writes them; "
+                                      "AED-RAG reads them)")
         _flag(group, "retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
         _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
         _flag(group, "dtype", default="float32", help="float32 | bfloat16 (faster on AMX CPUs, not bit-equal)")
@@ -60,6 +62,9 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
         _flag(group, "max_in_flight", type=int, default=64,
               help="queries running at once in one worker's engine (backpressure beyond)")
+        _flag(group, "stage_timeout", type=float, default=600.0,
+              help="seconds one stage of one query may take (its waits for batched calls included) before "
+                   "the query becomes a dead letter")
 
     def models_by_role(self, defaults: dict[str, str]) -> dict[str, str]:
         models = dict(defaults)
@@ -83,8 +88,10 @@ class RuntimeOptions(PipelineOptions):
         return RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
                              retriever=self.retriever, num_threads=self.threads, dtype=self.dtype,
                              engine=EngineConfig(max_batch=self.engine_batch, max_wait_s=self.engine_wait,
-                                                 max_in_flight=self.max_in_flight),
-                             triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind)
+                                                 max_in_flight=self.max_in_flight,
+                                                 stage_timeout_s=self.stage_timeout),
+                             triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind,
+                             triplets_dir=self.triplets)
 
 
 class OutputOptions(PipelineOptions):

@@ -61,6 +61,8 @@ METHODS = Registry("method", {
     "knnlm-spec": "specrag.methods.knnlm:KNNLMSpec",
     "speculative-rag": "specrag.methods.speculative_rag:SpeculativeRAG",
     "sps": "specrag.methods.sps:SPS",
+    "aed-rag": "specrag.methods.aed_rag:AEDRAG",
+    "aed-label": "specrag.methods.aed_rag:AEDLabel",
 })
 
 # model name -> its ModelSpec (where the weights are, what kind of model it is)

@@ -111,6 +111,43 @@ def pooled_lucene_index(imported, tmp_path_factory) -> Path:
     return _pooled_index(imported, tmp_path_factory, ["lucene"])
 
 
+def cached_fixture(name: str, parts: list[bytes], build) -> Path:
+    """A fixture folder cached under a content-hash key of ``parts`` (inputs and the code
+    that makes it): ``build(folder)`` runs once per key on a machine."""
+    import hashlib
+    import shutil
+    import tempfile
+    from specrag.inference.models import cache_dir
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    cached = cache_dir() / "test-fixtures" / f"{name}_{h.hexdigest()[:16]}"
+    if not (cached / ".complete").exists():
+        staging = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+        build(staging)
+        (staging / ".complete").write_text(name)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(cached, ignore_errors=True)
+        shutil.copytree(staging, cached)
+        shutil.rmtree(staging, ignore_errors=True)
+    return cached
+
+
+@pytest.fixture(scope="session")
+def pooled_triplets(imported) -> Path:
+    """Triplet sets of every pooled-corpus passage (spaCy rules, two worker processes: ~1-2
+    minutes once per machine)."""
+    from specrag.pipelines.extract_triplets import ExtractJob, run_extract_triplets
+    from specrag.transforms.triplets import ExtractorConfig
+    corpus = imported / "pooled_corpus.parquet"
+    code = [(REPO / "retrieval" / f).read_bytes() for f in ("triplets.py", "triplet_rules.py")]
+    code.append((REPO / "transforms" / "triplets.py").read_bytes())
+    build = lambda out: run_extract_triplets(ExtractJob(  # noqa: E731
+        str(corpus), str(out / "triplets"), ExtractorConfig(),
+        beam_args=(*BEAM_ARGS, "--direct_num_workers=2", "--direct_running_mode=multi_processing")))
+    return cached_fixture("pooled_triplets", [corpus.read_bytes(), *code], build) / "triplets"
+
+
 @pytest.fixture(scope="session")
 def generator():
     from specrag.transforms.runtime import load_backend

@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from specrag.inference.triton_protocol import OPS, decode_requests, decode_results, encode_requests, encode_results
-from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, RerankRequest, ScoreRequest,
+                                     Scored)
 
 REPO = Path(__file__).resolve().parents[1]
 BEAM_ARGS = ("--runner=FnApiRunner",)
@@ -77,11 +78,20 @@ def test_protocol_round_trips_every_operation():
                             seed=11, chat=False, continuation_ids=(5, 9), batch_invariant=True),
             GenerateRequest("plain")]
     assert decode_requests("generate", encode_requests("generate", gens)) == gens
-    scores = [ScoreRequest("p", " c ✓"), ScoreRequest("", "x"), ScoreRequest.of_segments("q", (" a ✓", "\nb", " Yes"))]
+    scores = [ScoreRequest("p", " c ✓"), ScoreRequest("", "x"), ScoreRequest.of_segments("q", (" a ✓", "\nb", " Yes")),
+              ScoreRequest("ctx q", "a", contrast_prompt="", alpha=0.5, chat=True),
+              ScoreRequest("ctx q", "a", contrast_prompt="q ✓", alpha=0.3)]
     assert decode_requests("score", encode_requests("score", scores)) == scores
+    fused = [FusedDecodeRequest(("a ✓", "b", "c"), (0.5, 0.3, 0.2), max_new_tokens=9, stop=("\n",), chat=False),
+             FusedDecodeRequest(("x",), (1.0,))]
+    assert decode_requests("fused_decode", encode_requests("fused_decode", fused)) == fused
+    pairs = [RerankRequest("q ✓", "unit"), RerankRequest("", "")]
+    assert decode_requests("rerank", encode_requests("rerank", pairs)) == pairs
+    assert decode_results("rerank", encode_results("rerank", [0.25, -3.5])) == [0.25, -3.5]
     assert decode_requests("embed", encode_requests("embed", ["a", "b ✓"])) == ["a", "b ✓"]
     out = [Generation("Paris ✓", [5, 6, 7], [-0.5, -1.25, -3.0], 12, "stop"), Generation("", [], [], 3, "length")]
     assert decode_results("generate", encode_results("generate", out)) == out
+    assert decode_results("fused_decode", encode_results("fused_decode", out)) == out
     scored = [Scored([-0.25, -2.5], 4, ["▁a", "b"]), Scored([-1.0], 1, ["x"]), Scored([-1.0, -2.0], 1, ["x", "y"], [1, 1])]
     assert decode_results("score", encode_results("score", scored)) == scored
     vecs = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
@@ -110,7 +120,24 @@ def _check_repository(repo: Path, kind: str) -> dict[str, dict]:
 def test_model_repository_configs_match_the_protocol():
     served = _check_repository(REPO / "model_repo", "KIND_CPU")
     assert {op: p["specrag_model"] for op, p in served.items()} == {
-        "generate": "smollm2-135m-instruct", "score": "gemma3-270m", "embed": "all-minilm-l6-v2"}
+        "generate": "smollm2-135m-instruct", "score": "gemma3-270m", "embed": "all-minilm-l6-v2",
+        "fused_decode": "smollm2-135m-instruct"}
+
+
+def test_utility_model_template_matches_the_protocol(tmp_path):
+    """The rerank model is a template launch.py fills with a trained predictor's folder."""
+    model = tmp_path / "predictor"
+    model.mkdir()
+    (model / "specrag_model.json").write_text('{"kind": "cross-encoder"}')
+    repo = launch.with_utility_model(REPO / "model_repo", model, tmp_path / "repo")
+    text = (repo / "utility" / "config.pbtxt").read_text()
+    head, tail = text.split("output [")
+    as_triton = lambda pairs: [(n, "BYTES" if t == "STRING" else t) for n, t in pairs]  # noqa: E731
+    assert as_triton(re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', head)) == list(OPS["rerank"].inputs)
+    assert as_triton(re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', tail)) == list(OPS["rerank"].outputs)
+    assert f'string_value: "{model.resolve()}"' in text and (repo / "generator" / "config.pbtxt").exists()
+    with pytest.raises(launch.TritonStartError, match="not a model specrag trained"):
+        launch.with_utility_model(REPO / "model_repo", tmp_path, tmp_path / "repo2")
 
 
 def test_gpu_repository_variant_keeps_the_models_and_changes_the_instances(tmp_path):
@@ -166,6 +193,27 @@ def test_greedy_generation_equals_local(triton_server, generator, demo_tables):
         assert remote.generate([req]) == generator.generate([req])
     sampled = GenerateRequest(prompts[1], max_new_tokens=16, temperature=0.8, top_p=0.95, seed=7)
     assert remote.generate([sampled]) == generator.generate([sampled])
+
+
+@pytest.mark.slow
+def test_fused_decoding_and_contrastive_scores_through_triton_equal_local(triton_server, generator, scorer):
+    """AED-RAG's operations served: fused decoding (the fused_decoder model) and CPPL's
+    contrastive score (the scorer) give the local backend's outputs."""
+    from specrag.methods.prompts import aed_prompt
+    q = "What is the capital of Australia?"
+    prompts = tuple(aed_prompt(c, q) for c in ("Canberra is the capital of Australia.",
+                                               "<Canberra; is; capital of Australia>", "Australia is big."))
+    requests = [FusedDecodeRequest(prompts, (0.5, 0.3, 0.2), max_new_tokens=16),
+                FusedDecodeRequest(prompts[:1], (1.0,), max_new_tokens=16)]
+    remote = _backend(triton_server, "smollm2-135m-instruct")
+    for r in requests:  # alone on the server as locally: the same tokens
+        [got], [want] = remote.fused_decode([r]), generator.fused_decode([r])
+        assert (got.text, got.token_ids) == (want.text, want.token_ids)
+        np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=1e-4)
+    contrast = [ScoreRequest(p, "Canberra", chat=False, contrast_prompt=aed_prompt("", q), alpha=0.5) for p in prompts]
+    served = _backend(triton_server, "gemma3-270m").score(contrast)
+    for got, want in zip(served, scorer.score(contrast)):
+        np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=1e-3)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from specrag import registry
 from specrag.inference.capabilities import EMBED, check_capabilities
 from specrag.inference.engine import EngineConfig, Services
-from specrag.inference.models import MODELS
+from specrag.inference.models import MODELS, trained_spec
 from specrag.inference.triton import TritonConfig
 
 BACKENDS = tuple(registry.BACKENDS)
@@ -41,17 +41,19 @@ class RuntimeConfig:
     triton: TritonConfig | None = None  # where the models are served when backend == "triton"
     datastore_dir: str | None = None  # KNN-LM datastore (`specrag build-datastore`)
     datastore_kind: str = "flat"  # flat (exact) | hnsw
+    triplets_dir: str | None = None  # triplet sets of the index's passages (`specrag extract-triplets`)
 
     def validate(self, needs: Mapping[str, tuple[str, ...]] | tuple[str, ...] = (), needs_retriever: bool = False,
-                 needs_datastore: bool = False, method: str = "the method") -> None:
+                 needs_datastore: bool = False, method: str = "the method", needs_triplets: bool = False) -> None:
         """Everything a run needs, checked before it starts: ``needs`` maps each model role the
         method uses to the operations it calls on it (a tuple of roles: no operations checked)."""
         needs = dict(needs) if isinstance(needs, Mapping) else {role: () for role in needs}
         registry.BACKENDS.check(self.backend)
         models = dict(self.models)
         for role, name in models.items():
-            if name not in MODELS:
-                raise ValueError(f"{role}: unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
+            if name not in MODELS and trained_spec(name) is None:
+                raise ValueError(f"{role}: unknown model {name!r}; known: {', '.join(sorted(MODELS))}, or the "
+                                 "folder of a model specrag trained (e.g. `specrag train-utility`)")
         missing = [r for r in needs if r not in models]
         if missing:
             raise ValueError(f"{method} needs model role(s) {missing}; configured: {sorted(models)}")
@@ -75,6 +77,11 @@ class RuntimeConfig:
             kinds = _manifest(self.datastore_dir, "datastore", "specrag build-datastore")["kinds"]
             if self.datastore_kind not in kinds:
                 raise ValueError(f"datastore {self.datastore_dir} has no {self.datastore_kind!r} index (has: {sorted(kinds)})")
+        if needs_triplets:
+            if not self.triplets_dir:
+                raise ValueError(f"{method} reads triplet sets: pass --triplets (built from the index's corpus by "
+                                 "`specrag extract-triplets`)")
+            _manifest(self.triplets_dir, "triplet folder", "specrag extract-triplets")
         if needs_retriever:
             if not self.index_dir:
                 raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
@@ -113,7 +120,8 @@ class RuntimeConfig:
                 "retriever": self.retriever if self.index_dir else None,
                 "index": _folder_fingerprint(self.index_dir),
                 "datastore": _folder_fingerprint(self.datastore_dir),
-                "datastore_kind": self.datastore_kind if self.datastore_dir else None}
+                "datastore_kind": self.datastore_kind if self.datastore_dir else None,
+                "triplets": _folder_fingerprint(self.triplets_dir)}
 
 
 def _manifest(folder: str, what: str, build: str) -> dict:
@@ -203,6 +211,10 @@ def get_services(config: RuntimeConfig) -> Services:
         if config.datastore_dir:
             from specrag.retrieval.datastore import Datastore
             datastore = Datastore(_local_copy(config.datastore_dir), config.datastore_kind)
-        services = Services(models=models, retriever=retriever, datastore=datastore)
+        triplets = None
+        if config.triplets_dir:
+            from specrag.retrieval.triplets import TripletStore
+            triplets = TripletStore.open(config.triplets_dir)
+        services = Services(models=models, retriever=retriever, datastore=datastore, triplets=triplets)
         _SERVICES[config] = services
         return services

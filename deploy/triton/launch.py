@@ -229,6 +229,30 @@ class TritonServer:
         self.stop()
 
 
+UTILITY_TEMPLATE = Path(__file__).resolve().parent / "utility"
+
+
+def with_utility_model(model_repo: Path, utility_folder: Path, out_dir: Path) -> Path:
+    """A repository serving ``model_repo``'s models plus AED-RAG's trained utility predictor
+    (``rerank``) from ``utility_folder``: model folders are linked, the utility config is the
+    template with the predictor's folder filled in (clients name the same folder)."""
+    folder = Path(utility_folder).resolve()
+    if not (folder / "specrag_model.json").is_file():
+        raise TritonStartError(f"{folder} is not a model specrag trained (no specrag_model.json); "
+                               "train one with `specrag train-utility`")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for model in sorted(Path(model_repo).iterdir()):
+        if model.is_dir() and not (out_dir / model.name).exists():
+            (out_dir / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    target = out_dir / "utility"
+    if target.exists() or target.is_symlink():
+        shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    shutil.copytree(UTILITY_TEMPLATE, target)
+    config = target / "config.pbtxt"
+    config.write_text(config.read_text().replace("UTILITY_MODEL_FOLDER", str(folder)))
+    return out_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["install", "serve", "check"])
@@ -239,9 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")),
                     help="torch threads per model instance")
+    ap.add_argument("--utility-model", type=Path, default=None,
+                    help="also serve AED-RAG's utility predictor from this `specrag train-utility` folder")
     ap.add_argument("--verbose", action="store_true")
     args, extra = ap.parse_known_args(argv)
     venv = install(args.venv, quiet=not args.verbose)
+    if args.utility_model is not None:
+        import tempfile
+        args.model_repo = with_utility_model(args.model_repo, args.utility_model,
+                                             Path(tempfile.mkdtemp(prefix="specrag-model-repo-")))
     if args.command == "install":
         print(f"Triton server venv ready: {venv}")
         return 0

@@ -1,0 +1,74 @@
+"""`specrag label-utility` and `specrag train-utility`: AED-RAG's utility predictor, end to end.
+
+label-utility is a Beam job: the ``aed-label`` method through the same runtime as ``answer``
+(engine per worker, micro-batched ``score`` calls, dead letters, resume), then its typed
+traces flattened into one labels table: a row per (training question, unit) with the unit's
+text and its contrastive perplexity. train-utility distils those labels into the predictor
+(retrieval/utility_predictor.py) and saves it as a model folder any run can name with
+``--model utility=FOLDER``.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from specrag.transforms.files import join, match_files, read_parquet, write_parquet
+
+LABELS = pa.schema([
+    pa.field("query_id", pa.string(), nullable=False),
+    pa.field("dataset", pa.string()),
+    pa.field("question", pa.string(), nullable=False),
+    pa.field("answer", pa.string(), nullable=False),
+    pa.field("answer_tokens", pa.int32()),
+    pa.field("unit", pa.int32(), nullable=False),  # position in the question's U_mix
+    pa.field("kind", pa.string(), nullable=False),  # passage | triplets | self
+    pa.field("unit_id", pa.string()),  # passage id (a triplet set's passage); "" for the self passage
+    pa.field("text", pa.string(), nullable=False),
+    pa.field("cppl", pa.float64(), nullable=False),
+])
+
+LABELS_FILE = "labels.parquet"
+
+
+def write_labels(run_dir: str) -> dict:
+    """The label run's results → ``labels.parquet`` beside them (one row per unit, by query id)."""
+    rows = []
+    for f in sorted(match_files(join(run_dir, "results-*.parquet"))):
+        for r in read_parquet(f, columns=["id", "dataset", "trace"]).to_pylist():
+            t = r["trace"]
+            for i, u in enumerate(t["units"]):
+                rows.append({"query_id": r["id"], "dataset": r["dataset"], "question": t["question"],
+                             "answer": t["answer"], "answer_tokens": t["answer_tokens"], "unit": i,
+                             "kind": u["kind"], "unit_id": u["unit_id"], "text": u["text"], "cppl": u["cppl"]})
+    seen, unique = set(), []
+    for row in sorted(rows, key=lambda r: (r["query_id"], r["unit"])):  # a retried shard may repeat a query
+        if (row["query_id"], row["unit"]) not in seen:
+            seen.add((row["query_id"], row["unit"]))
+            unique.append(row)
+    write_parquet(join(run_dir, LABELS_FILE), pa.Table.from_pylist(unique, schema=LABELS))
+    return {"labels": join(run_dir, LABELS_FILE), "questions": len({r["query_id"] for r in unique}),
+            "units": len(unique)}
+
+
+def read_labels(pattern: str) -> list[pa.Table]:
+    """Label tables from a label-utility output folder, a file, or a glob."""
+    files = match_files(pattern) if "*" in pattern or pattern.endswith(".parquet") else []
+    files = files or match_files(join(pattern, LABELS_FILE))
+    if not files:
+        raise FileNotFoundError(f"no labels at {pattern!r} (run `specrag label-utility` first)")
+    return [read_parquet(f) for f in sorted(files)]
+
+
+def run_train_utility(labels: str, out_dir: str, config, threads: int = 1) -> dict:
+    """Train from label tables; the untrained baseline for the ranking check is MiniLM similarity."""
+    from specrag.retrieval.utility_predictor import load_labels, similarity_scorer, train_utility_predictor
+    from specrag.transforms.runtime import load_backend
+    from specrag.transforms.parquet_io import dataset_fingerprint
+    tables = read_labels(labels)
+    queries = load_labels(tables)
+    embedder = load_backend("local", "all-minilm-l6-v2", threads)
+    files = match_files(labels) if "*" in labels or labels.endswith(".parquet") else match_files(
+        join(labels, LABELS_FILE))
+    report = train_utility_predictor(queries, config, out_dir, untrained=similarity_scorer(embedder.embed),
+                                     provenance={"labels": dataset_fingerprint(files)})
+    from dataclasses import asdict
+    return asdict(report)
