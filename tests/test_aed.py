@@ -313,18 +313,25 @@ def test_label_utility_scores_every_unit_of_training_questions(training_labels):
     assert holds and lacks and np.median(holds) < np.median(lacks)
 
 
+@pytest.fixture(scope="module")
+def trained_predictor(training_labels, tmp_path_factory):
+    from specrag.pipelines.utility import run_train_utility
+    from specrag.retrieval.utility_predictor import UtilityTrainingConfig
+    out = tmp_path_factory.mktemp("predictor")
+    config = UtilityTrainingConfig(epochs=6, batch_queries=4, max_length=128, held_out=0.25, seed=3)
+    return out, config, run_train_utility(str(training_labels), str(out), config)
+
+
 @pytest.mark.slow
-def test_train_utility_distils_the_teacher(training_labels, tmp_path, capsys):
+def test_train_utility_distils_the_teacher(training_labels, trained_predictor, tmp_path, capsys):
     """The KL loss falls; on held-back training questions the trained predictor ranks units
     more like the CPPL teacher than the untrained cross-encoder (printed beside MiniLM
     similarity, the untrained-predictor ablation); the saved folder serves `rerank`; training
     is deterministic given the seed."""
     from specrag.pipelines.utility import run_train_utility
-    from specrag.retrieval.utility_predictor import UtilityTrainingConfig
     from specrag.transforms.runtime import load_backend
     from specrag.inference.types import RerankRequest
-    config = UtilityTrainingConfig(epochs=6, batch_queries=4, max_length=128, held_out=0.25, seed=3)
-    report = run_train_utility(str(training_labels), str(tmp_path / "predictor"), config)
+    folder, config, report = trained_predictor
     with capsys.disabled():
         print(f"\nutility predictor: epoch KL {report['epoch_loss']}; held-out Spearman with the CPPL teacher: "
               f"trained {report['spearman_trained']:.3f}, before training {report['spearman_initial']:.3f}, "
@@ -332,13 +339,45 @@ def test_train_utility_distils_the_teacher(training_labels, tmp_path, capsys):
               "questions)")
     assert report["epoch_loss"][-1] < report["epoch_loss"][0]
     assert report["held_out_questions"] >= 4 and report["spearman_trained"] > report["spearman_initial"]
-    backend = load_backend("local", str(tmp_path / "predictor"), 1)
+    backend = load_backend("local", str(folder), 1)
     assert "rerank" in backend.capabilities
     scores = backend.rerank([RerankRequest("What is the capital of Australia?", "Canberra is the capital."),
                              RerankRequest("What is the capital of Australia?", "Bananas are yellow.")])
     assert len(scores) == 2 and all(math.isfinite(s) for s in scores)
-    card = (tmp_path / "predictor" / "specrag_model.json").read_text()
+    card = (folder / "specrag_model.json").read_text()
     assert "BGE-reranker-base" in card and "all-MiniLM-L6-v2" in card  # the departure, recorded
-    assert (tmp_path / "predictor" / "head.safetensors").exists()
+    assert (folder / "head.safetensors").exists()
     again = run_train_utility(str(training_labels), str(tmp_path / "again"), config)
     assert again["step_loss"] == report["step_loss"]
+
+
+@pytest.mark.slow
+def test_aed_rag_answers_evaluation_questions_with_the_trained_predictor(imported, pooled_bm25, pooled_triplets,
+                                                                        trained_predictor, tmp_path):
+    """The whole method in the answer job: aed_eval questions only, every unit scored, weights
+    a distribution over the three streams, answers evaluated."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.evaluation.report import evaluate_run
+    from specrag.evaluation.splits import load_split
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    from specrag.transforms.runtime import RuntimeConfig
+    evaluation = set(load_split("aed_eval"))
+    rows = [r for r in pq.read_table(imported / "nq" / "queries.parquet").to_pylist() if r["id"] in evaluation][:6]
+    queries = tmp_path / "eval.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), queries)
+    method = create_method("aed-rag", top_k=4, ss_max_new_tokens=32, max_new_tokens=16)
+    runtime = RuntimeConfig(index_dir=str(pooled_bm25), triplets_dir=str(pooled_triplets),
+                            models=(("generator", "smollm2-135m-instruct"), ("utility", str(trained_predictor[0]))))
+    manifest = run_answer(AnswerJob(str(queries), str(tmp_path / "run"), method, runtime.with_roles(method.model_roles)))
+    assert manifest["counters"]["answered"] == 6 and manifest["counters"].get("dead_letters", 0) == 0
+    results = [r for f in sorted((tmp_path / "run").glob("results-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    for r in results:
+        t = r["trace"]
+        assert len(t["passage_ids"]) == 4 and len(t["passage_scores"]) == 4
+        assert set(t["chosen_passages"]) <= set(t["passage_ids"]) and len(t["chosen_passages"]) == 2
+        assert sum(t["weights"]) == pytest.approx(1.0) and t["streams"][0] == "passages"
+        assert t["self_passage"] and [s["stage"] for s in r["stages"]] == ["Retrieve", "ScoreUnits",
+                                                                          "SelfSufficiency", "FusedDecode"]
+    [row] = evaluate_run(str(tmp_path / "run"), str(queries))["rows"]
+    assert row["method"] == "aed-rag" and row["n"] == 6 and {"contains", "f1"} <= set(row)

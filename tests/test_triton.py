@@ -352,3 +352,32 @@ def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_tho
     assert not dead_after or not pq.read_table(dead_after).num_rows
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed"]["skipped_finished"] == len(answered)
+
+
+@pytest.mark.slow
+def test_utility_predictor_served_by_triton_equals_local(tmp_path):
+    """A predictor folder (here: the untrained cross-encoder, saved as train-utility saves)
+    served as the `utility` model by launch.py --utility-model gives the local scores."""
+    import json as _json
+    from transformers import AutoTokenizer
+    from specrag.inference.cross_encoder import new_cross_encoder, save_cross_encoder
+    from specrag.inference.models import CARD, materialise
+    from specrag.inference.types import RerankRequest
+    from specrag.transforms.runtime import load_backend
+    folder = tmp_path / "predictor"
+    folder.mkdir()
+    base = materialise("all-minilm-l6-v2")
+    save_cross_encoder(new_cross_encoder(base, seed=0), folder)
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    (folder / CARD).write_text(_json.dumps({"kind": "cross-encoder", "max_length": 128}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    repo = launch.with_utility_model(empty, folder, tmp_path / "repo")  # the utility model alone
+    server = _start(tmp_path, repo)
+    try:
+        pairs = [RerankRequest("What is the capital of Australia?", t) for t in
+                 ("Canberra is the capital of Australia.", "<Canberra; is; capital of Australia>", "Bananas.")]
+        served = _backend(server, str(folder)).rerank(pairs)
+        np.testing.assert_allclose(served, load_backend("local", str(folder), 1).rerank(pairs), atol=1e-4)
+    finally:
+        server.stop()
