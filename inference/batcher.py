@@ -9,9 +9,33 @@ or the oldest request has waited ``max_wait_s``. The backend call runs in a work
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
+
+# The waiting clock of the query whose code is running (the engine sets it per stage): a
+# request's time in the queue — parked here, or its batch waiting for the backend's worker —
+# is marked on it as WAITING, so a stage's timeout measures service, not the queue it is in.
+WAIT_CLOCK: contextvars.ContextVar = contextvars.ContextVar("specrag_wait_clock", default=None)
+WAITING = "queue_wait"
+
+
+class _Entry:
+    """A parked request, its future, when it was parked, and the clock its wait is marked on."""
+
+    __slots__ = ("request", "future", "queued", "clock")
+
+    def __init__(self, request: Any, future: asyncio.Future, clock: Any):
+        self.request, self.future, self.queued, self.clock = request, future, time.perf_counter(), clock
+        if clock is not None:
+            clock.start(WAITING)
+
+    def served(self) -> None:
+        """The wait is over (its batch runs, or it left the queue); marks once."""
+        if self.clock is not None:
+            self.clock.stop(WAITING)
+            self.clock = None
 
 
 class MicroBatcher:
@@ -35,7 +59,7 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self._executor = executor
         self._group_key = group_key or (lambda _r: None)
-        self._pending: dict[Any, list[tuple[Any, asyncio.Future, float]]] = {}
+        self._pending: dict[Any, list[_Entry]] = {}
         self._timers: dict[Any, asyncio.TimerHandle] = {}
         self._running: set[asyncio.Task] = set()  # batched calls under way (kept: tasks are weakly held)
         self.calls = 0
@@ -53,7 +77,7 @@ class MicroBatcher:
         fut: asyncio.Future = loop.create_future()
         key = self._group_key(request)
         queue = self._pending.setdefault(key, [])
-        entry = (request, fut, time.perf_counter())
+        entry = _Entry(request, fut, WAIT_CLOCK.get())
         queue.append(entry)
         if len(queue) >= self.max_batch:
             self._flush(key)
@@ -64,8 +88,10 @@ class MicroBatcher:
         except asyncio.CancelledError:
             self._withdraw(key, entry)
             raise
+        finally:
+            entry.served()
 
-    def _withdraw(self, key: Any, entry: tuple) -> None:
+    def _withdraw(self, key: Any, entry: _Entry) -> None:
         """A cancelled query's request still waiting for its batch never reaches the backend."""
         queue = self._pending.get(key)
         if queue is None:
@@ -90,7 +116,7 @@ class MicroBatcher:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
-        queue = [e for e in self._pending.pop(key, []) if not e[1].done()]
+        queue = [e for e in self._pending.pop(key, []) if not e.future.done()]
         loop = asyncio.get_running_loop()
         while queue:
             batch, queue = queue[: self.max_batch], queue[self.max_batch:]
@@ -98,38 +124,43 @@ class MicroBatcher:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _run(self, batch: list[tuple[Any, asyncio.Future, float]]) -> None:
+    async def _run(self, batch: list[_Entry]) -> None:
         loop = asyncio.get_running_loop()
-        requests = [r for r, _, _ in batch]
+        requests = [e.request for e in batch]
         start = time.perf_counter()
+
+        def call(rows):  # in the worker thread: the batch leaves the queue now
+            loop.call_soon_threadsafe(lambda: [e.served() for e in batch])
+            return self._call(rows)
+
         try:
-            results = await loop.run_in_executor(self._executor, self._call, requests)
+            results = await loop.run_in_executor(self._executor, call, requests)
             if len(results) != len(requests):
                 raise RuntimeError(f"{self.name}: backend returned {len(results)} results "
                                    f"for {len(requests)} requests")
         except Exception as e:
             if len(batch) == 1:
-                if not batch[0][1].done():
-                    batch[0][1].set_exception(e)
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(e)
                 return
             # one bad request (e.g. a prompt over the model's limit) must not fail the
             # others: each is retried alone, all at once (a remote server takes them in
             # parallel; a local model's single-worker pool runs them back to back)
-            await asyncio.gather(*(self._run([item]) for item in batch if not item[1].done()))
+            await asyncio.gather(*(self._run([item]) for item in batch if not item.future.done()))
             return
         except BaseException as e:  # cancelled / interrupted: every waiter learns of it
-            for _, fut, _ in batch:
-                if not fut.done():
-                    fut.set_exception(e)
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(e)
             return
         end = time.perf_counter()
         self.calls += 1
         self.items += len(requests)
         self.busy_s += end - start
-        for (_, fut, queued), result in zip(batch, results):
-            if fut.done():
+        for entry, result in zip(batch, results):
+            if entry.future.done():
                 continue
             if isinstance(result, BaseException):  # a backend that fails rows alone
-                fut.set_exception(result)
+                entry.future.set_exception(result)
             else:
-                fut.set_result((result, start - queued, end - start))
+                entry.future.set_result((result, start - entry.queued, end - start))

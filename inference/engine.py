@@ -39,7 +39,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from specrag.inference.batcher import MicroBatcher
+from specrag.inference.batcher import WAIT_CLOCK, WAITING, MicroBatcher
 from specrag.inference.capabilities import MissingCapability
 from specrag.inference.trace import Trace
 from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, NextToken, NextTokenRequest,
@@ -53,7 +53,8 @@ class EngineConfig:
     max_batch: int = 16
     max_wait_s: float = 0.005
     retrieval_max_batch: int = 64
-    stage_timeout_s: float = 600.0
+    stage_timeout_s: float = 600.0  # a stage's own time and its calls' service
+    queue_timeout_s: float = 3600.0  # the most queue waiting a stage's timeout leaves out
     # queries running at once in one engine (one per worker process); submit blocks beyond it.
     # Enough to fill several micro-batches, few enough that documents and KV caches stay bounded.
     max_in_flight: int = 64
@@ -61,8 +62,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.max_batch < 1 or self.retrieval_max_batch < 1 or self.max_in_flight < 1:
             raise ValueError("max_batch, retrieval_max_batch and max_in_flight must be >= 1")
-        if self.max_wait_s < 0 or self.stage_timeout_s <= 0:
-            raise ValueError("max_wait_s must be >= 0 and stage_timeout_s > 0")
+        if self.max_wait_s < 0 or self.stage_timeout_s <= 0 or self.queue_timeout_s < 0:
+            raise ValueError("max_wait_s and queue_timeout_s must be >= 0, stage_timeout_s > 0")
 
 
 class ModelBackend(Protocol):
@@ -107,21 +108,30 @@ class _Clock:
         self._since: dict[str, float] = {}
         self.seconds: dict[str, float] = {}
 
+    def start(self, kind: str) -> None:
+        if not self._active.get(kind):
+            self._since[kind] = time.perf_counter()
+        self._active[kind] = self._active.get(kind, 0) + 1
+
+    def stop(self, kind: str) -> None:
+        self._active[kind] -= 1
+        if not self._active[kind]:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - self._since[kind]
+
+    def total(self, kind: str) -> float:
+        """Seconds so far, the interval under way included."""
+        ongoing = time.perf_counter() - self._since[kind] if self._active.get(kind) else 0.0
+        return self.seconds.get(kind, 0.0) + ongoing
+
     @contextlib.contextmanager
     def busy(self, *kinds: str):
-        now = time.perf_counter()
         for k in kinds:
-            if not self._active.get(k):
-                self._since[k] = now
-            self._active[k] = self._active.get(k, 0) + 1
+            self.start(k)
         try:
             yield
         finally:
-            now = time.perf_counter()
             for k in kinds:
-                self._active[k] -= 1
-                if not self._active[k]:
-                    self.seconds[k] = self.seconds.get(k, 0.0) + now - self._since[k]
+                self.stop(k)
 
 
 CALLS = "calls"  # the clock's kind for "any service call outstanding"
@@ -480,16 +490,36 @@ class Engine:
         return out
 
     async def _run_one(self, stage: Any, item: Any, scope: _QueryScope) -> Any:
+        """One stage of one part, under the stage timeout. The timeout measures the stage's own
+        time and its calls' service, not the time its requests queue behind other queries'
+        (up to ``queue_timeout_s``): under load a query waits its turn instead of failing."""
         ctx = Context(self, item.trace, scope)
-        timeout = asyncio.timeout(self.config.stage_timeout_s)
-        try:
-            with scope.clock.busy(_STAGE + stage.name):
-                async with timeout:
-                    return await stage.run(item, ctx)
-        except TimeoutError as e:
-            if timeout.expired():
-                raise StageTimeout(f"stage {stage.name!r} exceeded {self.config.stage_timeout_s}s") from e
-            raise  # a backend's own timeout (e.g. TritonTimeout): its type and message stay
+        loop = asyncio.get_running_loop()
+        limit, queue_limit = self.config.stage_timeout_s, self.config.queue_timeout_s
+        with scope.clock.busy(_STAGE + stage.name):
+            token = WAIT_CLOCK.set(scope.clock)
+            try:  # the task copies the context: its calls mark their queue waits on this clock
+                task = loop.create_task(stage.run(item, ctx))
+            finally:
+                WAIT_CLOCK.reset(token)
+            waited_before, started = scope.clock.total(WAITING), loop.time()
+            try:
+                while True:
+                    waited = min(scope.clock.total(WAITING) - waited_before, queue_limit)
+                    remaining = started + limit + waited - loop.time()
+                    if remaining <= 0:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+                        detail = (f" (after {waited:.0f}s waiting for batched calls, the most --queue-timeout "
+                                  "allows)" if 0 < queue_limit <= waited else "")
+                        raise StageTimeout(f"stage {stage.name!r} exceeded {limit}s{detail}")
+                    done, _ = await asyncio.wait({task}, timeout=remaining)
+                    if done:
+                        return task.result()  # a backend's own timeout (e.g. TritonTimeout) keeps its type
+            except asyncio.CancelledError:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise
 
     # -- teardown -------------------------------------------------------------------------
     def close(self) -> None:
@@ -500,7 +530,7 @@ class Engine:
             self._closed = True
             thread = self._thread
         if thread is not None:
-            self.cancelled_at_close = asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result()
+            self.cancelled_at_close = asyncio.run_coroutine_threadsafe(_cancel_all(self._queries), self._loop).result()
         self._finalizer.detach()
         _stop_loop(self._loop, thread, self._executors)
 
@@ -526,14 +556,16 @@ def _account(trace: Trace, clock: _Clock, queued_s: float, served_s: float, stag
         trace.add_stage_time(name, clock.seconds.get(_STAGE + name, 0.0))
 
 
-async def _cancel_all() -> int:
+async def _cancel_all(queries: set) -> int:
+    """Cancel every task on the loop; returns how many of them were queries."""
     current = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    running = sum(1 for t in tasks if t in queries)
     for t in tasks:
         t.cancel()
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
-    return len(tasks)
+    return running
 
 
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread | None,

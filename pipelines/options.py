@@ -63,8 +63,10 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "max_in_flight", type=int, default=64,
               help="queries running at once in one worker's engine (backpressure beyond)")
         _flag(group, "stage_timeout", type=float, default=600.0,
-              help="seconds one stage of one query may take (its waits for batched calls included) before "
-                   "the query becomes a dead letter")
+              help="seconds one stage of one query may run, its calls' service included, before the query "
+                   "becomes a dead letter (time queued behind other queries' calls does not count)")
+        _flag(group, "queue_timeout", type=float, default=3600.0,
+              help="the most time queued behind other queries' calls that --stage-timeout leaves out")
 
     def models_by_role(self, defaults: dict[str, str]) -> dict[str, str]:
         models = dict(defaults)
@@ -89,7 +91,8 @@ class RuntimeOptions(PipelineOptions):
                              retriever=self.retriever, num_threads=self.threads, dtype=self.dtype,
                              engine=EngineConfig(max_batch=self.engine_batch, max_wait_s=self.engine_wait,
                                                  max_in_flight=self.max_in_flight,
-                                                 stage_timeout_s=self.stage_timeout),
+                                                 stage_timeout_s=self.stage_timeout,
+                                                 queue_timeout_s=self.queue_timeout),
                              triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind,
                              triplets_dir=self.triplets)
 

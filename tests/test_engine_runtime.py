@@ -137,13 +137,39 @@ class SlowAsk:
 
 def test_a_timed_out_query_withdraws_its_queued_request_and_is_labelled_by_stage():
     lm = FakeLM()
-    engine = _engine(lm, max_batch=8, max_wait_s=1.0, stage_timeout_s=0.1)
+    # queue_timeout 0: time parked in the batcher counts against the stage (the default leaves
+    # up to an hour of it out: see the next test)
+    engine = _engine(lm, max_batch=8, max_wait_s=1.0, stage_timeout_s=0.1, queue_timeout_s=0.0)
     outcome = engine.run_stage(SlowAsk(), [Q("late")])[0]
     assert isinstance(outcome.error, StageTimeout) and outcome.stage == "SlowAsk"
     assert "stage 'SlowAsk' exceeded 0.1s" in str(outcome.error)
     time.sleep(1.1)  # past the batch's max wait: nothing may be sent for the withdrawn request
     assert lm.batches == []
     assert engine.batch_stats()["generator.generate"]["withdrawn"] == 1
+    engine.close()
+
+
+def test_waiting_behind_other_queries_does_not_count_against_the_stage_timeout():
+    """Eight queries, one request per backend call of 0.2 s: the last waits ~1.4 s in the
+    queue, longer than the 0.5 s stage timeout, and still completes (its service is 0.2 s)."""
+    lm = FakeLM(delay_s=0.2)
+    engine = _engine(lm, max_batch=1, max_wait_s=0.0, stage_timeout_s=0.5)
+    outcomes = engine.run_stage(Ask(), [Q(f"q{i}") for i in range(8)])
+    assert [o.error for o in outcomes] == [None] * 8 and len(lm.batches) == 8
+    engine.close()
+
+
+def test_a_hung_backend_still_times_out_its_queries():
+    """The call in progress times out on the stage limit; those queued behind it after the
+    queue limit, labelled as such."""
+    lm = FakeLM(delay_s=2.0)
+    engine = _engine(lm, max_batch=1, max_wait_s=0.0, stage_timeout_s=0.3, queue_timeout_s=0.4)
+    started = time.perf_counter()
+    outcomes = engine.run_stage(Ask(), [Q("a"), Q("b"), Q("c")])
+    assert all(isinstance(o.error, StageTimeout) for o in outcomes)
+    assert "waiting for batched calls" not in str(outcomes[0].error)
+    assert all("waiting for batched calls" in str(o.error) for o in outcomes[1:])
+    assert time.perf_counter() - started < 1.5  # not after the 2 s calls
     engine.close()
 
 
