@@ -155,6 +155,16 @@ def test_ablations_change_the_streams(settings, streams):
         assert len(t.chosen_passages) == 1 and t.utility_passages == max(t.passage_scores)
 
 
+def test_standard_rag_with_the_papers_prompt_is_the_baseline():
+    item, gen = _run(create_method("standard", top_k=2, prompt="aed"))
+    [request] = gen.generated
+    assert request.prompt.startswith("Canberra\nCanberra is the capital of Australia.")
+    assert request.prompt.endswith("### Input: \n What is the capital of Australia?") and request.stop == ()
+    assert item.answer == "Canberra"
+    with pytest.raises(ValueError, match="prompt must be one of"):
+        create_method("standard", prompt="fancy")
+
+
 def test_aed_declares_what_each_setting_needs():
     full = create_method("aed-rag")
     assert full.needs == {"generator": ("generate", "fused_decode"), "utility": ("rerank",)} and full.needs_triplets
