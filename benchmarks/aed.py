@@ -17,6 +17,10 @@ standard RAG's over the same questions.
 
     python benchmarks/aed.py --train 1000 --per-dataset 100
 
+Each configuration answers the evaluation questions of all four datasets in one job (one model
+load per worker, not four); the tables split them by dataset again. ``--label-top-k`` labels
+fewer retrieved passages per training question (CPPL costs one reader forward pass per unit).
+
 Claim line: aed_minus_standard_avg (points, AED m=2 over standard RAG, all datasets pooled)
 and latency_ratio (mean served latency AED m=2 / standard RAG).
 """
@@ -77,31 +81,35 @@ def prepare(data_dir: str, n_train: int, per_dataset: int) -> dict:
     train_path = WORK / "aed" / f"train-{n_train}.parquet"
     train_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(train), train_path)
-    evals = {}
+    evals, dataset_of = [], {}
     for d in DATASETS:
         table = [r for r in pq.read_table(data / d / "queries.parquet").to_pylist() if r["id"] in eval_ids]
-        path = WORK / "aed" / f"eval-{d}-{per_dataset}.parquet"
-        pq.write_table(pa.Table.from_pylist(table[:per_dataset]), path)
-        evals[d] = path
-    return {"index": index, "triplets": triplets, "train": train_path, "eval": evals}
+        evals += table[:per_dataset]
+        dataset_of.update((r["id"], d) for r in table[:per_dataset])
+    eval_path = WORK / "aed" / f"eval-{per_dataset}.parquet"
+    pq.write_table(pa.Table.from_pylist(evals), eval_path)
+    return {"index": index, "triplets": triplets, "train": train_path, "eval": eval_path, "dataset_of": dataset_of,
+            "per_dataset": per_dataset}
 
 
-def train_predictor(paths: dict, n_train: int) -> Path:
-    labels = WORK / "aed" / f"labels-{n_train}"
+def train_predictor(paths: dict, n_train: int, label_top_k: int) -> Path:
+    labels = WORK / "aed" / f"labels-{n_train}-k{label_top_k}"
     if not (labels / "labels.parquet").exists():
         specrag("label-utility", "--queries", str(paths["train"]), "--index", str(paths["index"]),
-                "--triplets", str(paths["triplets"]), "--output", str(labels), "--resume", *TWO_WORKERS)
-    predictor = WORK / "aed" / f"predictor-{n_train}"
+                "--triplets", str(paths["triplets"]), "--output", str(labels), "--set", f"top_k={label_top_k}",
+                "--resume", *TWO_WORKERS)
+    predictor = WORK / "aed" / f"predictor-{n_train}-k{label_top_k}"
     if not (predictor / "specrag_model.json").exists():
-        specrag("train-utility", "--labels", str(labels), "--output", str(predictor))
+        specrag("train-utility", "--labels", str(labels), "--output", str(predictor), "--threads", "2")
     return predictor
 
 
-def answer(paths: dict, predictor: Path, label: str, dataset: str) -> Path:
+def answer(paths: dict, predictor: Path, label: str) -> Path:
     method, settings = CONFIGS[label]
-    out = WORK / "aed" / "runs" / f"{dataset}-{label.replace(' ', '_').replace('(', '').replace(')', '')}"
+    slug = label.replace(' ', '_').replace('(', '').replace(')', '').replace('/', '')
+    out = WORK / "aed" / "runs" / f"{paths['per_dataset']}-{predictor.name}-{slug}"
     if not (out / "manifest.json").exists():
-        args = ["answer", "--queries", str(paths["eval"][dataset]), "--index", str(paths["index"]),
+        args = ["answer", "--queries", str(paths["eval"]), "--index", str(paths["index"]),
                 "--triplets", str(paths["triplets"]), "--model", f"utility={predictor}", "--method", method,
                 "--output", str(out), "--resume", *TWO_WORKERS]
         for s in settings:
@@ -110,16 +118,17 @@ def answer(paths: dict, predictor: Path, label: str, dataset: str) -> Path:
     return out
 
 
-def per_query(run: Path, queries: Path) -> dict[str, dict]:
+def per_query(run: Path, queries: Path, dataset_of: dict[str, str]) -> dict[str, dict[str, dict]]:
+    """{dataset: {id: em, f1, avg, latency}} of one run."""
     import pyarrow.parquet as pq
     from specrag.evaluation.metrics import contains, f1
     gold = {r["id"]: r for r in pq.read_table(queries).to_pylist()}
-    out = {}
+    out = {d: {} for d in DATASETS}
     for f in sorted(run.glob("results-*.parquet")):
         for r in pq.read_table(f, columns=["id", "answer", "raw_output", "timings"]).to_pylist():
             answers = gold[r["id"]]["answers"] or []
             em, f = contains(r["raw_output"] or r["answer"] or "", answers), f1(r["answer"] or "", answers)
-            out[r["id"]] = {"em": em, "f1": f, "avg": (em + f) / 2, "latency": r["timings"]["served_s"]}
+            out[dataset_of[r["id"]]][r["id"]] = {"em": em, "f1": f, "avg": (em + f) / 2, "latency": r["timings"]["served_s"]}
     return out
 
 
@@ -128,16 +137,15 @@ def main() -> None:
     ap.add_argument("--data-dir", default=os.environ.get("SPECRAG_DATA", "../shared/data"))
     ap.add_argument("--train", type=int, default=1000, help="aed_train questions to label and train on")
     ap.add_argument("--per-dataset", type=int, default=100, help="aed_eval questions per dataset")
+    ap.add_argument("--label-top-k", type=int, default=10, help="retrieved passages labelled per training question")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of the configurations")
     args = ap.parse_args()
     labels = [c.strip() for c in args.configs.split(",") if c.strip()]
     paths = prepare(args.data_dir, args.train, args.per_dataset)
-    predictor = train_predictor(paths, args.train)
+    predictor = train_predictor(paths, args.train, args.label_top_k)
     training = json.loads((predictor / "training_manifest.json").read_text())["report"]
-    scores = {label: {} for label in labels}
-    for dataset in DATASETS:
-        for label in labels:
-            scores[label][dataset] = per_query(answer(paths, predictor, label, dataset), paths["eval"][dataset])
+    scores = {label: per_query(answer(paths, predictor, label), paths["eval"], paths["dataset_of"])
+              for label in labels}
     rows = []
     base = "standard (k=5)"
     for label in labels:
@@ -162,7 +170,8 @@ def main() -> None:
     setup = (f"{machine_line(1)}; two worker processes, one torch thread each; reader SmolLM2-135M-Instruct fp32 "
              "(the paper: Qwen3-8B); BM25 over the pooled corpus (the paper: Contriever); triplets by spaCy "
              "dependency rules (the paper: TRACE with an 8B model); utility predictor: a one-logit cross-encoder "
-             f"from all-MiniLM-L6-v2 trained on CPPL labels of {args.train} aed_train questions (the paper: "
+             f"from all-MiniLM-L6-v2 trained on CPPL labels of {args.train} aed_train questions, top-{args.label_top_k} "
+             "passages, their triplet sets and d_gen per question (the paper: "
              "BGE-reranker-base, 19,291 HotpotQA questions). Training: "
              f"{training['train_questions']} questions, epoch KL {[round(x, 4) for x in training['epoch_loss']]}, "
              f"held-out Spearman with the teacher {training['spearman_trained']:.3f} (untrained MiniLM similarity "
