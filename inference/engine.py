@@ -42,8 +42,8 @@ import numpy as np
 from specrag.inference.batcher import WAIT_CLOCK, WAITING, MicroBatcher
 from specrag.inference.capabilities import MissingCapability
 from specrag.inference.trace import Trace
-from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, NextToken, NextTokenRequest,
-                                     RerankRequest, ScoreRequest, Scored)
+from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
+                                     NextToken, NextTokenRequest, RerankRequest, ScoreRequest, Scored)
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,18 @@ class Context:
             scores = await asyncio.gather(*(batcher.submit(RerankRequest(query, t)) for t in texts))
         self.trace.count("model_calls")
         return [float(s) for s in scores]
+
+    async def denoise(self, request: DenoiseRequest, model: str = "denoiser") -> Denoised:
+        """One denoising step of a masked-diffusion LM, batched with other queries' steps."""
+        with self._busy("generation_s"):
+            out = await self._engine.batcher("denoise", model).submit(request)
+        self.trace.count("model_calls")
+        self.trace.count("prompt_tokens", out.context_tokens + len(out.argmax))
+        return out
+
+    def mask_id(self, model: str = "denoiser") -> int:
+        """The masked-diffusion model's mask token id."""
+        return int(self._engine.model(model).mask_id)
 
     def triplet_set(self, passage_id: str) -> tuple:
         """A passage's triplets (extract-triplets output); KeyError for a passage it never saw."""

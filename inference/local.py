@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrag.inference.capabilities import EMBED, FUSED_DECODE, GENERATE, NEXT_TOKEN, RERANK, SCORE
+from specrag.inference.capabilities import DENOISE, EMBED, FUSED_DECODE, GENERATE, NEXT_TOKEN, RERANK, SCORE
 from specrag.inference.kv_cache import can_stack, stack_caches
 from specrag.inference.models import materialise, model_spec
-from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, NextToken, NextTokenRequest,
-                                     RerankRequest, ScoreRequest, Scored)
+from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
+                                     NextToken, NextTokenRequest, RerankRequest, ScoreRequest, Scored)
 
 log = logging.getLogger(__name__)
 
@@ -330,12 +330,12 @@ class LocalCausalLM:
         base = self._continuation_logprobs(base_rows, [len(c) for _, _, c in distinct])
         ctx = self._continuation_logprobs(ctx_rows, [len(c) for c in conts])
         out = []
-        for r, c, key, lp_ctx in zip(requests, conts, base_key, ctx):
+        for r, c, key, row, lp_ctx in zip(requests, conts, base_key, ctx_rows, ctx):
             lp_base = base[distinct.index(key)]
             mixed = torch.log_softmax((1 + r.alpha) * lp_ctx - r.alpha * lp_base, dim=-1)
             target = torch.tensor(c).unsqueeze(-1)
             out.append(Scored([float(x) for x in mixed.gather(-1, target).squeeze(-1).tolist()],
-                              len(ctx_rows[len(out)]) - len(c), self.tokenizer.convert_ids_to_tokens(c)))
+                              len(row) - len(c), self.tokenizer.convert_ids_to_tokens(c)))
         return out
 
     def _continuation_logprobs(self, rows: list[list[int]], clens: list[int]) -> list:
@@ -516,12 +516,64 @@ class LocalCrossEncoder:
         return out
 
 
+class LocalDenoiser:
+    """denoise(): one step of the masked-diffusion denoiser specrag trained (inference/denoiser.py;
+    ``specrag train-denoiser`` writes one) for a batch of (context, partially masked response)
+    rows: per response position the argmax word and its probability. The context's tail is cut
+    to fit the window (counted in ``truncated_tokens``); the response never is."""
+
+    def __init__(self, config: LocalModelConfig):
+        import json
+        import torch
+        from transformers import AutoTokenizer
+        from specrag.inference.denoiser import DenoiserInputs, load_denoiser
+        from specrag.inference.models import CARD
+        set_torch_threads(config.num_threads)
+        path = materialise(config.model)
+        card = json.loads((path / CARD).read_text()) if (path / CARD).is_file() else {}
+        self.name = config.model
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.inputs = DenoiserInputs(self.tokenizer, int(card.get("max_positions", 512)))
+        self.mask_id, self.eos_ids = self.inputs.mask, [self.inputs.end]
+        self.device = torch.device(config.device)
+        self.model = load_denoiser(path, dtype=config.torch_dtype()).to(self.device).eval()
+        self._lock = threading.Lock()
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return [self.inputs.context_ids(t) for t in texts]
+
+    def detokenize(self, ids: list[list[int]]) -> list[str]:
+        """Text of token ids; masks and special tokens are dropped (WordPiece pieces joined)."""
+        return [self.tokenizer.decode(r, skip_special_tokens=True, clean_up_tokenization_spaces=True) for r in ids]
+
+    def denoise(self, requests: list[DenoiseRequest]) -> list[Denoised]:
+        import torch
+        contexts = [self.inputs.context_ids(r.context) for r in requests]
+        ids, mask, types, starts, cut = self.inputs.batch(contexts, [list(r.response_ids) for r in requests])
+        with self._lock, torch.inference_mode():
+            logits = self.model(ids.to(self.device), mask.to(self.device), types.to(self.device)).float()
+            logits[..., self.inputs.banned] = float("-inf")
+            probs = torch.softmax(logits, dim=-1)
+            conf, arg = probs.max(dim=-1)
+        out = []
+        for b, r in enumerate(requests):
+            span = slice(starts[b], starts[b] + len(r.response_ids))
+            a, c = arg[b, span].tolist(), conf[b, span].tolist()
+            for i, t in enumerate(r.response_ids):
+                if t != self.mask_id:  # committed: stays as it is
+                    a[i], c[i] = t, 1.0
+            out.append(Denoised(a, [float(x) for x in c], context_tokens=len(contexts[b]) - cut[b],
+                                truncated_tokens=cut[b]))
+        return out
+
+
 class LocalBackend:
     """The operations of one model, as the engine's ModelBackend protocol expects."""
 
     SERVES = {"causal-lm": frozenset({GENERATE, SCORE, NEXT_TOKEN, FUSED_DECODE}), "encoder": frozenset({EMBED}),
-              "cross-encoder": frozenset({RERANK})}
-    IMPLS = {"causal-lm": "LocalCausalLM", "encoder": "LocalEncoder", "cross-encoder": "LocalCrossEncoder"}
+              "cross-encoder": frozenset({RERANK}), "masked-diffusion": frozenset({DENOISE})}
+    IMPLS = {"causal-lm": "LocalCausalLM", "encoder": "LocalEncoder", "cross-encoder": "LocalCrossEncoder",
+             "masked-diffusion": "LocalDenoiser"}
 
     @classmethod
     def serves(cls, model: str) -> frozenset[str]:
@@ -561,6 +613,16 @@ class LocalBackend:
 
     def rerank(self, requests: list[RerankRequest]) -> list[float]:
         return self._require("rerank")(requests)
+
+    def denoise(self, requests: list[DenoiseRequest]) -> list[Denoised]:
+        return self._require("denoise")(requests)
+
+    @property
+    def mask_id(self) -> int:
+        mask = getattr(self._impl, "mask_id", None)
+        if mask is None:
+            raise TypeError(f"model {self.name!r} is not a masked-diffusion model (no mask token)")
+        return mask
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self._require("embed")(texts)

@@ -45,7 +45,7 @@ def _minilm_dir() -> Path:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    kind: str  # "causal-lm" | "encoder" | "cross-encoder"
+    kind: str  # "causal-lm" | "encoder" | "cross-encoder" | "masked-diffusion"
     locate: Callable[[], Path]  # GGUF file, or a transformers folder
     description: str
 

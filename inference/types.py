@@ -132,3 +132,30 @@ class NextToken:
     hidden: np.ndarray  # float32 [hidden_size]
     logprobs: np.ndarray  # float32 [vocab]
     prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class DenoiseRequest:
+    """One denoising step of a masked-diffusion LM (SARDI): the context (the prompt with its
+    evidence, as text: the backend tokenises and templates it) and the response window as
+    token ids, masked positions holding the model's mask id. The same contract serves a 7B
+    diffusion LM (Dream, LLaDA) behind Triton: context text in, per-position outputs back."""
+
+    context: str
+    response_ids: tuple[int, ...]
+    chat: bool = True  # wrap the context in the model's chat template when it has one
+
+    def __post_init__(self):
+        if not self.response_ids:
+            raise ValueError("DenoiseRequest: empty response window")
+
+
+@dataclass
+class Denoised:
+    """Per response position: the argmax token and its probability c_i = max_v p_i(v)
+    (a committed position: its own token, confidence 1)."""
+
+    argmax: list[int]
+    confidence: list[float]
+    context_tokens: int  # context tokens the model saw
+    truncated_tokens: int = 0  # context tokens cut to fit the model's window

@@ -115,6 +115,10 @@ class Method:
         from specrag.schemas.tables import results_schema
         return results_schema(self.trace_class)
 
+    def departures(self) -> list[dict]:
+        """Settings that differ from the paper's published ones (the run manifest records them)."""
+        return []
+
     def fingerprint(self) -> str:
         """Short hash of method name + config: results of different settings never mix."""
         blob = json.dumps({"method": self.name, "config": self.config.to_dict()}, sort_keys=True)

@@ -120,3 +120,16 @@ def aed_context(texts: Sequence[str]) -> str:
 
 def aed_prompt(context: str, question: str) -> str:
     return AED_ANSWER.format(context=context, query=question)
+
+
+# SARDI (App. B.1; the authors' sardi/rag/prompts.py): the question first, then the numbered
+# facts, refilled at every retrieval step. The denoiser is trained on this exact wording.
+SARDI_RAG = ("Use ONLY the provided facts to answer the question.\n"
+             "Think step-by-step, then provide the final answer after the \"###\" marker.\n\n"
+             "Question:\n{question}\n\nFacts:\n{facts}")
+
+
+def sardi_prompt(question: str, passages: Sequence[str]) -> str:
+    """The question and the passages as numbered facts ``[i] passage``."""
+    facts = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(passages))
+    return SARDI_RAG.replace("{question}", question).replace("{facts}", facts)

@@ -204,6 +204,7 @@ def run_answer(job: AnswerJob) -> dict:
         "method_config": job.method.config.to_dict(),
         "run_fingerprint": fingerprint,
         "method_fingerprint": job.method.fingerprint(),
+        "departures_from_paper": job.method.departures(),
         "identity": identity,
         "runtime": job.runtime.to_dict(),
         "batch_size": job.batch_size, "num_shards": job.num_shards,

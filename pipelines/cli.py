@@ -1,5 +1,5 @@
 """The `specrag` command: import-data, build-index, build-datastore, extract-triplets, label-utility,
-train-utility, answer, evaluate, demo.
+train-utility, train-denoiser, answer, evaluate, demo.
 
 The Beam jobs (answer, build-index, build-datastore, extract-triplets) take their flags from PipelineOptions
 classes (pipelines/options.py): the same definitions make the CLI, ``--help`` and the
@@ -157,6 +157,26 @@ def cmd_train_utility(args, extra) -> int:
     return 0
 
 
+def cmd_train_denoiser(args, extra) -> int:
+    from specrag.inference.denoiser_training import DenoiserTrainingConfig
+    from specrag.pipelines.denoiser import run_train_denoiser
+    config = DenoiserTrainingConfig(corpus_steps=args.corpus_steps, trace_epochs=args.trace_epochs,
+                                    batch_size=args.batch_size, learning_rate=args.learning_rate,
+                                    head_learning_rate=args.head_learning_rate,
+                                    response_tokens=args.response_tokens, held_out=args.held_out, seed=args.seed,
+                                    threads=args.threads)
+    report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
+                                passage_words=args.passage_words, max_passages=args.max_passages)
+    print(json.dumps({k: report[k] for k in ("corpus_passages", "trace_examples", "held_out_examples",
+                                             "trace_epoch_loss", "truncated_contexts", "wall_s")}))
+    print("held-out masked-word accuracy by mask ratio: untrained head "
+          f"{report['accuracy_untrained']}, after the corpus stage {report['accuracy_after_corpus']}, "
+          f"trained {report['accuracy_trained']}")
+    print(f"saved the denoiser to {args.output} (use --model denoiser={args.output} --method sardi "
+          f"--set max_new_tokens={args.response_tokens} --set passage_words={args.passage_words})")
+    return 0
+
+
 def cmd_extract_triplets(args, flags) -> int:
     from specrag.pipelines.extract_triplets import ExtractionFailed, ExtractJob, run_extract_triplets
     from specrag.pipelines.options import CorpusOptions, ExtractTripletsOptions, OutputOptions, RuntimeOptions
@@ -273,6 +293,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     p.set_defaults(fn=cmd_train_utility)
+
+    p = sub.add_parser("train-denoiser", help="train SARDI's masked-diffusion denoiser (MiniLM + tied MLM head) "
+                                              "on corpus passages, then answer traces of a training split")
+    p.add_argument("--queries", required=True, help="imported queries Parquet (file or glob): the split's questions "
+                                                    "with gold passages are used")
+    p.add_argument("--index", required=True, help="index folder (bm25) over a corpus holding the gold passages")
+    p.add_argument("--output", required=True, help="model folder to write (then --model denoiser=FOLDER)")
+    p.add_argument("--split", default="aed_train", help="training split (evaluation/splits/NAME.txt)")
+    p.add_argument("--corpus-steps", type=int, default=300, help="stage 1 steps on corpus passages")
+    p.add_argument("--trace-epochs", type=int, default=2, help="stage 2 passes over the traces")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--head-learning-rate", type=float, default=5e-4)
+    p.add_argument("--response-tokens", type=int, default=64, help="the response window (sardi's max_new_tokens)")
+    p.add_argument("--top-k", type=int, default=7, help="evidence passages per trace (sardi's top_k)")
+    p.add_argument("--passage-words", type=int, default=40, help="words per evidence passage: 7 of them, the "
+                                                                  "question and the window fit in 512 positions")
+    p.add_argument("--max-passages", type=int, default=0, help="corpus passages for stage 1 (0: all)")
+    p.add_argument("--held-out", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p.set_defaults(fn=cmd_train_denoiser)
 
     p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

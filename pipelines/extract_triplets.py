@@ -99,7 +99,7 @@ def build_extract_pipeline(p: beam.Pipeline, job: ExtractJob, finished_files: li
     results = (valid
                | "ToPassages" >> beam.Map(to_passage)
                | "Extract" >> RunInference(handler))
-    done, failed = split_outcomes(results, job.extractor.extractor)
+    done, failed = split_outcomes(results)
     done | "WriteTriplets" >> WriteTripletShards(job.output, job.extractor.extractor, job.shard_passages)
     dead = [failed, rejected | "CountRejected" >> beam.Map(_count_rejected)]
     if reader.bad:

@@ -49,13 +49,18 @@ def write_labels(run_dir: str) -> dict:
             "units": len(unique)}
 
 
-def read_labels(pattern: str) -> list[pa.Table]:
-    """Label tables from a label-utility output folder, a file, or a glob."""
+def label_files(pattern: str) -> list[str]:
+    """The labels Parquet files of a label-utility output folder, a file, or a glob."""
     files = match_files(pattern) if "*" in pattern or pattern.endswith(".parquet") else []
     files = files or match_files(join(pattern, LABELS_FILE))
     if not files:
         raise FileNotFoundError(f"no labels at {pattern!r} (run `specrag label-utility` first)")
-    return [read_parquet(f) for f in sorted(files)]
+    return sorted(files)
+
+
+def read_labels(pattern: str) -> list[pa.Table]:
+    """Label tables from a label-utility output folder, a file, or a glob."""
+    return [read_parquet(f) for f in label_files(pattern)]
 
 
 def run_train_utility(labels: str, out_dir: str, config, threads: int = 1) -> dict:
@@ -63,11 +68,9 @@ def run_train_utility(labels: str, out_dir: str, config, threads: int = 1) -> di
     from specrag.retrieval.utility_predictor import load_labels, similarity_scorer, train_utility_predictor
     from specrag.transforms.runtime import load_backend
     from specrag.transforms.parquet_io import dataset_fingerprint
-    tables = read_labels(labels)
-    queries = load_labels(tables)
+    files = label_files(labels)
+    queries = load_labels([read_parquet(f) for f in files])
     embedder = load_backend("local", "all-minilm-l6-v2", threads)
-    files = match_files(labels) if "*" in labels or labels.endswith(".parquet") else match_files(
-        join(labels, LABELS_FILE))
     report = train_utility_predictor(queries, config, out_dir, untrained=similarity_scorer(embedder.embed),
                                      provenance={"labels": dataset_fingerprint(files)})
     from dataclasses import asdict

@@ -63,6 +63,7 @@ METHODS = Registry("method", {
     "sps": "specrag.methods.sps:SPS",
     "aed-rag": "specrag.methods.aed_rag:AEDRAG",
     "aed-label": "specrag.methods.aed_rag:AEDLabel",
+    "sardi": "specrag.methods.sardi:SARDI",
 })
 
 # model name -> its ModelSpec (where the weights are, what kind of model it is)

@@ -324,12 +324,26 @@ def test_label_utility_scores_every_unit_of_training_questions(training_labels):
 
 
 @pytest.fixture(scope="module")
-def trained_predictor(training_labels, tmp_path_factory):
+def trained_predictor(training_labels):
+    """The predictor trained on those labels (6 epochs, ~1 minute), cached under the labels,
+    the configuration and the training code: training is deterministic given the seed."""
+    import dataclasses
+    import json as _json
+    from conftest import REPO, cached_fixture
     from specrag.pipelines.utility import run_train_utility
     from specrag.retrieval.utility_predictor import UtilityTrainingConfig
-    out = tmp_path_factory.mktemp("predictor")
     config = UtilityTrainingConfig(epochs=6, batch_queries=4, max_length=128, held_out=0.25, seed=3)
-    return out, config, run_train_utility(str(training_labels), str(out), config)
+
+    def build(out):
+        report = run_train_utility(str(training_labels), str(out / "model"), config)
+        (out / "report.json").write_text(_json.dumps(report, default=str))
+
+    parts = [(training_labels / "labels.parquet").read_bytes(),
+             _json.dumps(dataclasses.asdict(config), sort_keys=True, default=str).encode()]
+    parts += [(REPO / f).read_bytes() for f in ("retrieval/utility_predictor.py", "inference/cross_encoder.py",
+                                                 "pipelines/utility.py")]
+    cached = cached_fixture("aed_predictor", parts, build)
+    return cached / "model", config, _json.loads((cached / "report.json").read_text())
 
 
 @pytest.mark.slow

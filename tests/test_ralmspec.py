@@ -102,7 +102,10 @@ def _retriever(kind: str, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["bm25", "lucene", "dense", "hnsw"])
+# sparse and dense exact search in every run; Lucene and HNSW (the same claim over the other two
+# retrievers, ~100 s each) with the acceptance sizes under `make test-full`
+@pytest.mark.parametrize("kind", ["bm25", pytest.param("lucene", marks=pytest.mark.full), "dense",
+                                  pytest.param("hnsw", marks=pytest.mark.full)])
 def test_ralmspec_equals_ralmseq_token_for_token(kind, request, step_memo, imported):
     """RaLMSeq runs on the model; the eight RaLMSpec variants share a memo of its steps, so
     each pays only for the steps it generates with a document the baseline never used."""

@@ -55,7 +55,7 @@ class ExtractorConfig:
         if self.extractor == "generator":
             if not self.model:
                 raise ValueError("the generator extractor needs --model generator=NAME")
-            self._runtime().validate({"generator": ("generate",)}, method="extract-triplets --extractor generator")
+            self.runtime().validate({"generator": ("generate",)}, method="extract-triplets --extractor generator")
         if self.max_chars < 1:
             raise ValueError("--max-chars must be >= 1")
 
@@ -71,10 +71,11 @@ class ExtractorConfig:
                        rules=hashlib.sha256(inspect.getsource(triplet_rules).encode()).hexdigest()[:16])
         else:
             out.update(backend=self.backend, max_new_tokens=self.max_new_tokens,
-                       model=self._runtime().identity()["models"]["generator"])
+                       model=self.runtime().identity()["models"]["generator"])
         return out
 
-    def _runtime(self):
+    def runtime(self):
+        """The generator extractor's model runtime (local or Triton)."""
         from specrag.transforms.runtime import RuntimeConfig
         return RuntimeConfig(backend=self.backend, models=(("generator", self.model),) if self.model else (),
                              triton=self.triton, num_threads=self.num_threads)
@@ -109,7 +110,7 @@ class TripletModelHandler(ModelHandler[Passage, PredictionResult, Any]):
 
     def load_model(self) -> Any:
         from specrag.transforms.runtime import worker_setup
-        worker_setup(self.config._runtime())  # noqa: SLF001
+        worker_setup(self.config.runtime())
         return load_extractor(self.config)
 
     def run_inference(self, batch: Sequence[Passage], model: Any,
@@ -139,8 +140,8 @@ def to_passage(row: dict) -> Passage:
 class SplitOutcomes(beam.DoFn):
     """PredictionResult → (passage id, extraction) or a dead letter; counts and logs progress."""
 
-    def __init__(self, extractor: str, log_every_s: float = 30.0):
-        self.extractor, self.log_every_s = extractor, log_every_s
+    def __init__(self, log_every_s: float = 30.0):
+        self.log_every_s = log_every_s
         self.passages = Metrics.counter(NAMESPACE, "passages")
         self.triplets = Metrics.counter(NAMESPACE, "triplets")
         self.empty = Metrics.counter(NAMESPACE, "passages_without_triplets")
@@ -217,7 +218,7 @@ class WriteTripletShards(beam.PTransform):
         return items | "WriteShards" >> beam.ParDo(_WriteTripletShards(self.folder, self.extractor, self.max_passages))
 
 
-def split_outcomes(results, extractor: str):
+def split_outcomes(results):
     """RunInference output → (extractions, dead letters)."""
-    split = results | "SplitOutcomes" >> beam.ParDo(SplitOutcomes(extractor)).with_outputs(DEAD, main="done")
+    split = results | "SplitOutcomes" >> beam.ParDo(SplitOutcomes()).with_outputs(DEAD, main="done")
     return split.done, split[DEAD]
