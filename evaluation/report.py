@@ -6,6 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from specrag.evaluation.metrics import RECALL_AT, TASK_METRICS, recall_at, score_row
+from specrag.evaluation.trajectory import METRICS as TRAJECTORY_METRICS
+from specrag.evaluation.trajectory import trace_steps, trajectory_metrics
 from specrag.transforms.files import join, match_files, read_parquet, write_text
 
 
@@ -19,10 +21,25 @@ def _read(pattern: str, columns: list[str] | None = None) -> list[dict]:
     return rows
 
 
+def _trajectories(pattern: str) -> dict[str, list[list[str]]]:
+    """Per query id, the evidence trajectory of methods whose trace records one (SARDI's steps)."""
+    out = {}
+    for f in match_files(pattern):
+        table = read_parquet(f)
+        if "trace" not in table.column_names:
+            continue
+        for r in table.select(["id", "trace"]).to_pylist():
+            steps = trace_steps(r["trace"])
+            if steps:
+                out[r["id"]] = steps
+    return out
+
+
 def evaluate_run(results_dir: Path | str, queries: str) -> dict:
     """Metrics per (dataset, method) for one run folder (any FileSystems path); missing gold is an error."""
     results = _read(join(str(results_dir), "results-*.parquet"), RESULT_COLUMNS)  # core columns: any method
     dead = _read(join(str(results_dir), "dead_letters-*.parquet"))
+    trajectories = _trajectories(join(str(results_dir), "results-*.parquet"))
     gold = {q["id"]: q for q in _read(queries)}
     if not gold:
         raise FileNotFoundError(f"no gold queries found at {queries}")
@@ -45,6 +62,10 @@ def evaluate_run(results_dir: Path | str, queries: str) -> dict:
             for k in RECALL_AT:
                 sums[key][f"recall@{k}"] += recall_at(retrieved, g["gold_passage_ids"], k)
             sums[key]["_with_gold"] += 1
+        if g.get("gold_passage_ids") and r["id"] in trajectories:
+            for name, value in trajectory_metrics(trajectories[r["id"]], g["gold_passage_ids"]).items():
+                sums[key][name] += value
+                sums[key][f"_n_{name}"] += 1
         counts[key] += 1
         latency[key].append(r["timings"]["served_s"])
         queued[key] += r["timings"]["queue_s"]
@@ -61,6 +82,8 @@ def evaluate_run(results_dir: Path | str, queries: str) -> dict:
         with_gold = sums[key].get("_with_gold", 0)
         if with_gold:
             metrics.update({f"recall@{k}": round(100 * sums[key][f"recall@{k}"] / with_gold, 2) for k in RECALL_AT})
+        metrics.update({m: round(100 * sums[key][m] / sums[key][f"_n_{m}"], 2) for m in TRAJECTORY_METRICS
+                        if sums[key].get(f"_n_{m}")})
         rows.append({"run": str(results_dir).rstrip("/").rsplit("/", 1)[-1], "dataset": dataset, "method": method, "task_type": task, "n": n,
                      "dead_letters": dead_by_dataset.get(dataset, 0), **metrics,
                      "mean_latency_s": round(sum(lat) / n, 3), "median_latency_s": round(lat[n // 2], 3),
@@ -84,7 +107,7 @@ def coverage(results: list[dict], dead: list[dict], gold: dict[str, dict]) -> di
 def format_table(rows: list[dict]) -> str:
     """A plain-text table (metrics in %, latency in seconds)."""
     metric_cols = [c for c in ("contains", "em", "f1", "accuracy", "str_em", "rouge_l",
-                               *(f"recall@{k}" for k in RECALL_AT)) if any(c in r for r in rows)]
+                               *(f"recall@{k}" for k in RECALL_AT), *TRAJECTORY_METRICS) if any(c in r for r in rows)]
     cols = ["run", "dataset", "task_type", "method", "n", "dead_letters", *metric_cols, "mean_latency_s"]
     cells = [[str(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]

@@ -80,20 +80,20 @@ class SARDIConfig(MethodConfig):
 
 @dataclass
 class SardiStep:
-    """One denoising step: what it committed and the evidence the next step sees."""
+    """One denoising step: the evidence it denoised with, what it committed, and the query
+    formed after it (the evidence of the next step)."""
 
+    doc_ids: list[str] = field(default_factory=list)  # the evidence in this step's context
     committed: int = 0  # positions committed this step
     masked_left: int = 0  # masked positions after it
     query: str = ""  # the retrieval query formed after it ("" when it did not retrieve)
-    doc_ids: list[str] = field(default_factory=list)  # the evidence for the next step
-    reused: bool = False  # the query was unchanged: the last result served again
+    reused: bool = False  # that query was unchanged: the last result served again
 
 
 @dataclass
 class SARDITrace:
     initial_query: str = ""  # step 0: the question
-    initial_doc_ids: list[str] = field(default_factory=list)
-    steps: list[SardiStep] = field(default_factory=list)
+    steps: list[SardiStep] = field(default_factory=list)  # its evidence trajectory: steps[i].doc_ids
     retrievals: int = 0  # index searches run (reused queries excluded)
     response: str = ""  # the whole denoised response (the answer is extracted from it)
     truncated_context_tokens: int = 0  # evidence tokens cut to fit the denoiser's window, summed over steps
@@ -180,7 +180,7 @@ class Denoise:
         response = [mask_id] * c.max_new_tokens
         last_query = retrieval_query(question, "", c.query)
         docs = await ctx.retrieve(last_query, c.top_k, stage="step-0")
-        trace.initial_query, trace.initial_doc_ids, trace.retrievals = last_query, [d.doc_id for d in docs], 1
+        trace.initial_query, trace.retrievals = last_query, 1
         for step in range(1, c.steps + 1):
             out = await ctx.denoise(DenoiseRequest(sardi_prompt(question, evidence(docs, c.passage_words)),
                                                    tuple(response)), model=self.denoiser)
@@ -189,12 +189,11 @@ class Denoise:
             chosen = masked if step == c.steps else commit_positions(masked, out.confidence, c.tau_c)
             for i in chosen:
                 response[i] = out.argmax[i]
-            record = SardiStep(committed=len(chosen), masked_left=len(masked) - len(chosen))
+            record = SardiStep([d.doc_id for d in docs], committed=len(chosen), masked_left=len(masked) - len(chosen))
             trace.steps.append(record)
             if record.masked_left == 0:
-                break  # nothing left to denoise: no evidence needed after the last step
+                break  # the last step: no evidence needed after it
             if step % c.refresh_every:
-                record.doc_ids = [d.doc_id for d in docs]
                 continue
             proxy = proxy_ids(response, out.argmax, out.confidence, mask_id, c.tau_q)
             query = retrieval_query(question, normalise_proxy(ctx.detokenize(proxy, model=self.denoiser),
@@ -204,7 +203,6 @@ class Denoise:
                 docs = await ctx.retrieve(query, c.top_k, stage=f"step-{step}")
                 trace.retrievals += 1
                 last_query = query
-            record.doc_ids = [d.doc_id for d in docs]
         end = set(ctx.eos_ids(self.denoiser))
         cut = next((i for i, t in enumerate(response) if t in end), len(response))
         trace.response = ctx.detokenize(response[:cut], model=self.denoiser).strip()

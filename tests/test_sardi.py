@@ -150,7 +150,9 @@ def test_loop_commits_by_threshold_refreshes_evidence_and_extracts_the_answer():
     assert ctx.requests[3].response_ids == (1, 2, 3, MASK, MASK, 9)
     # no retrieval after the last step: the initial one, then one per step but the last, unchanged ones reused
     assert trace.retrievals == len(set(ctx.queries)) == len(ctx.queries)
-    assert trace.initial_query == "Where was the director born?" and len(trace.initial_doc_ids) == 2
+    assert trace.initial_query == "Where was the director born?"
+    assert trace.steps[0].doc_ids == ["Where was the director born?#0", "Where was the director born?#1"]
+    assert trace.steps[1].doc_ids[0] == trace.steps[0].query + "#0" and trace.steps[3].doc_ids == trace.steps[1].doc_ids
 
 
 def test_an_unchanged_query_reuses_the_last_result():
@@ -178,3 +180,131 @@ def test_refresh_every_r_steps_and_the_last_step_commits_what_is_left():
     trace = _run(create_method("sardi", refresh_every=2, steps=3, max_new_tokens=4), ctx).trace.of(SARDITrace)
     assert [bool(s.query) for s in trace.steps] == [False, True, False]
     assert [s.committed for s in trace.steps] == [1, 1, 2] and trace.steps[-1].masked_left == 0
+
+
+def test_trajectory_metrics_recall_along_the_generation_and_retention():
+    from specrag.evaluation.trajectory import evidence_at, retention, trace_steps, trajectory_metrics
+    steps = [["a", "x"], ["a", "y"], ["b", "y"], ["b", "a"]]
+    assert evidence_at(steps, 0.25) == ["a", "x"] and evidence_at(steps, 0.5) == ["a", "y"]
+    assert evidence_at(steps, 1.0) == ["b", "a"] and evidence_at([], 0.5) == []
+    m = trajectory_metrics(steps, ["a", "b"])
+    assert m["recall_at_25pct"] == 0.5 and m["recall_at_50pct"] == 0.5 and m["recall_at_100pct"] == 1.0
+    assert m["cumulative_recall"] == 1.0 and m["retention"] == pytest.approx((0.5 + 0.5 + 0.5) / 3)
+    assert retention([["a"]]) is None and "retention" not in trajectory_metrics([["a"]], ["a"])
+    assert trajectory_metrics(steps, []) == {}
+    assert trace_steps({"steps": [{"doc_ids": ["a"]}, {"doc_ids": ["b"]}]}) == [["a"], ["b"]]
+    assert trace_steps({"weights": [1.0]}) is None and trace_steps(None) is None
+
+
+# --- the real denoiser ------------------------------------------------------------------------
+
+DENOISER_QUESTIONS = {"hotpotqa": 40, "nq": 80}  # aed_train questions the test denoiser trains on
+WINDOW, PASSAGE_WORDS = 32, 24  # a short response window and evidence: a test-sized model
+
+
+@pytest.fixture(scope="module")
+def trained_denoiser(imported, pooled_bm25):
+    """A denoiser trained on 120 aed_train questions' traces (40 corpus steps, 3 trace epochs:
+    ~2 minutes), cached under its inputs and the training code."""
+    import dataclasses
+    import json as _json
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import REPO, cached_fixture
+    from specrag.evaluation.splits import load_split
+    from specrag.inference.denoiser_training import DenoiserTrainingConfig
+    from specrag.pipelines.denoiser import run_train_denoiser
+    train = set(load_split("aed_train"))
+    rows = []
+    for dataset, n in DENOISER_QUESTIONS.items():
+        rows += [r for r in pq.read_table(imported / dataset / "queries.parquet").to_pylist() if r["id"] in train][:n]
+    config = DenoiserTrainingConfig(corpus_steps=40, trace_epochs=3, batch_size=8, response_tokens=WINDOW,
+                                    learning_rate=2e-4, head_learning_rate=1e-3, held_out=0.15, seed=5)
+
+    def build(out):
+        pq.write_table(pa.Table.from_pylist(rows), out / "queries.parquet")
+        report = run_train_denoiser(str(out / "queries.parquet"), str(pooled_bm25), str(out / "model"), config,
+                                    passage_words=PASSAGE_WORDS, max_passages=2000)
+        (out / "report.json").write_text(_json.dumps(report))
+
+    parts = [_json.dumps(rows, sort_keys=True, default=str).encode(), (pooled_bm25 / "manifest.json").read_bytes(),
+             _json.dumps(dataclasses.asdict(config), sort_keys=True).encode()]
+    parts += [(REPO / f).read_bytes() for f in ("inference/denoiser.py", "inference/denoiser_training.py",
+                                                 "pipelines/denoiser.py", "methods/prompts.py")]
+    cached = cached_fixture("sardi_denoiser", parts, build)
+    return cached / "model", _json.loads((cached / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_denoiser_training_loss_falls_and_beats_the_untrained_head(trained_denoiser, capsys):
+    import json as _json
+    from specrag.inference.local import LocalBackend, LocalModelConfig
+    folder, report = trained_denoiser
+    with capsys.disabled():
+        print(f"\ndenoiser: trace epoch loss {report['trace_epoch_loss']}; held-out masked-word accuracy by mask "
+              f"ratio: untrained head {report['accuracy_untrained']}, after the corpus stage "
+              f"{report['accuracy_after_corpus']}, trained {report['accuracy_trained']} "
+              f"({report['held_out_examples']} traces)")
+    assert report["corpus_step_loss"][-5:] and sum(report["corpus_step_loss"][-5:]) < sum(report["corpus_step_loss"][:5])
+    assert report["trace_epoch_loss"][-1] < report["trace_epoch_loss"][0]
+    assert report["held_out_examples"] >= 10
+    for ratio, acc in report["accuracy_trained"].items():
+        assert acc > report["accuracy_untrained"][ratio]
+    card = _json.loads((folder / "specrag_model.json").read_text())
+    assert card["kind"] == "masked-diffusion" and "Dream-7B" in card["departure"]
+    manifest = _json.loads((folder / "training_manifest.json").read_text())
+    assert manifest["split"].startswith("aed_train@sha256:")
+    backend = LocalBackend(LocalModelConfig(str(folder)))
+    assert backend.capabilities == {"denoise"}
+    from specrag.inference.types import DenoiseRequest
+    [out] = backend.denoise([DenoiseRequest("Question:\nwho wrote hamlet\n\nFacts:\n[1] Hamlet is a tragedy by "
+                                            "William Shakespeare.", (backend.mask_id,) * WINDOW)])
+    assert len(out.argmax) == WINDOW and all(0 < c <= 1 for c in out.confidence)
+    assert backend.mask_id not in out.argmax
+
+
+def _eval_questions(imported, n):
+    import pyarrow.parquet as pq
+    from specrag.evaluation.splits import load_split
+    evaluation = set(load_split("aed_eval"))
+    return [r for r in pq.read_table(imported / "hotpotqa" / "queries.parquet").to_pylist() if r["id"] in evaluation][:n]
+
+
+@pytest.mark.slow
+def test_sardi_through_the_beam_pipeline_equals_the_in_memory_run(imported, pooled_bm25, trained_denoiser, tmp_path):
+    """Held-back HotpotQA questions: the answer job (Beam, direct runner) and the engine in
+    memory give the same responses, evidence trajectories and answers; evaluate reports the
+    trajectory metrics."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.evaluation.report import evaluate_run
+    from specrag.inference import Engine, EngineConfig
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    from specrag.schemas.typed import to_record
+    from specrag.transforms.runtime import RuntimeConfig, get_services
+    rows = _eval_questions(imported, 4)
+    queries = tmp_path / "eval.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), queries)
+    method = create_method("sardi", max_new_tokens=WINDOW, passage_words=PASSAGE_WORDS, steps=WINDOW)
+    # one row per denoise call in both runs: a row's floats never depend on what shares its batch
+    runtime = RuntimeConfig(index_dir=str(pooled_bm25), models=(("denoiser", str(trained_denoiser[0])),),
+                            engine=EngineConfig(max_batch=1))
+    manifest = run_answer(AnswerJob(str(queries), str(tmp_path / "run"), method, runtime))
+    assert manifest["counters"]["answered"] == 4 and manifest["counters"].get("dead_letters", 0) == 0
+    assert {d["setting"] for d in manifest["departures_from_paper"]} == {"max_new_tokens", "passage_words", "steps"}
+    piped = {r["id"]: r for f in sorted((tmp_path / "run").glob("results-*.parquet")) for r in pq.read_table(f).to_pylist()}
+    engine = Engine(get_services(runtime), runtime.engine)
+    try:
+        outcomes = engine.run_stages(method.stages(), [QueryState(query=dict(r)) for r in rows])
+    finally:
+        engine.close()
+    for o in outcomes:
+        [state] = o.outputs
+        mine = to_record(state.trace.of(SARDITrace))
+        theirs = piped[state.id]["trace"]
+        assert state.answer == piped[state.id]["answer"] and mine["response"] == theirs["response"]
+        assert [s["doc_ids"] for s in mine["steps"]] == [s["doc_ids"] for s in theirs["steps"]]
+        assert mine["steps"] and mine["steps"][-1]["masked_left"] == 0 and len(mine["steps"]) <= WINDOW
+        assert sum(s["committed"] for s in mine["steps"]) == WINDOW
+    [row] = evaluate_run(str(tmp_path / "run"), str(queries))["rows"]
+    assert row["method"] == "sardi" and {"recall_at_25pct", "recall_at_100pct", "cumulative_recall"} <= set(row)
