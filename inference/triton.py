@@ -26,10 +26,10 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from specrag.inference.capabilities import EMBED, FUSED_DECODE, GENERATE, RERANK, SCORE
+from specrag.inference.capabilities import DENOISE, EMBED, FUSED_DECODE, GENERATE, RERANK, SCORE
 from specrag.inference.triton_protocol import (OPS, PARAM_MODEL, PARAM_OP, decode_results, encode_requests)
-from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, RerankRequest, ScoreRequest,
-                                     Scored)
+from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
+                                     RerankRequest, ScoreRequest, Scored)
 
 PROTOCOLS = ("grpc", "http")
 
@@ -156,10 +156,11 @@ class TritonBackend:
 
     supports_row_errors = True  # the engine may take per-row exceptions in a result list
     # model_repo/ serves generate, score and fused_decode for causal LMs, embed for encoders,
-    # rerank for a trained cross-encoder (launch.py --utility-model); no next_token: KNN-LM
-    # needs hidden states per step, which the served models do not return
+    # rerank for a trained cross-encoder (launch.py --utility-model), denoise for a trained
+    # denoiser (--denoiser-model); no next_token: KNN-LM needs hidden states per step, which
+    # the served models do not return
     SERVES = {"causal-lm": frozenset({GENERATE, SCORE, FUSED_DECODE}), "encoder": frozenset({EMBED}),
-              "cross-encoder": frozenset({RERANK})}
+              "cross-encoder": frozenset({RERANK}), "masked-diffusion": frozenset({DENOISE})}
 
     @classmethod
     def serves(cls, model: str) -> frozenset[str]:
@@ -234,6 +235,25 @@ class TritonBackend:
 
     def rerank(self, requests: list[RerankRequest], return_exceptions: bool = False) -> list[float]:
         return self._call("rerank", requests, return_exceptions)
+
+    def denoise(self, requests: list[DenoiseRequest], return_exceptions: bool = False) -> list[Denoised]:
+        return self._call("denoise", requests, return_exceptions)
+
+    @property
+    def mask_id(self) -> int:
+        """A masked-diffusion model's mask token (from its tokenizer, on the client)."""
+        mask = self._tokenizer().mask_token_id
+        if mask is None:
+            raise TypeError(f"model {self.name!r} has no mask token")
+        return mask
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """End-of-text ids: a denoiser's end fill, else the tokenizer's EOS."""
+        from specrag.inference.models import model_spec
+        tok = self._tokenizer()
+        end = tok.sep_token_id if model_spec(self.name).kind == "masked-diffusion" else tok.eos_token_id
+        return [end] if end is not None else []
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return [self._tokenizer()(t, add_special_tokens=False)["input_ids"] for t in texts]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, RerankRequest, ScoreRequest,
-                                     Scored)
+from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
+                                     RerankRequest, ScoreRequest, Scored)
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,12 @@ OPS: dict[str, OpSpec] = {
         outputs=(("TEXT", "BYTES"), ("TOKEN_IDS", "INT64"), ("TOKEN_LOGPROBS", "FP32"),
                  ("NUM_TOKENS", "INT32"), ("PROMPT_TOKENS", "INT32"), ("FINISH_REASON", "BYTES"))),
     "rerank": OpSpec(inputs=(("QUERY", "BYTES"), ("TEXT", "BYTES")), outputs=(("SCORE", "FP32"),)),
+    # one denoising step of a masked-diffusion LM (SARDI): the response window as token ids
+    # (JSON text: any length, masks included); per position the argmax and its probability
+    "denoise": OpSpec(
+        inputs=(("CONTEXT", "BYTES"), ("RESPONSE_IDS", "BYTES"), ("CHAT", "BOOL")),
+        outputs=(("ARGMAX", "INT64"), ("CONFIDENCE", "FP32"), ("NUM_TOKENS", "INT32"),
+                 ("CONTEXT_TOKENS", "INT32"), ("TRUNCATED_TOKENS", "INT32"))),
 }
 
 # (sampling settings travel as FP64: 0.7 in FP32 is 0.699999988 and would sample differently)
@@ -107,6 +113,10 @@ def encode_requests(op: str, requests: list) -> dict[str, np.ndarray]:
     if op == "rerank":
         return {"QUERY": _column([r.query for r in requests], "BYTES"),
                 "TEXT": _column([r.text for r in requests], "BYTES")}
+    if op == "denoise":
+        return {"CONTEXT": _column([r.context for r in requests], "BYTES"),
+                "RESPONSE_IDS": _column([json.dumps(list(r.response_ids)) for r in requests], "BYTES"),
+                "CHAT": _column([r.chat for r in requests], "BOOL")}
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
 
 
@@ -137,6 +147,9 @@ def decode_requests(op: str, tensors: dict[str, np.ndarray]) -> list:
                                            tensors["STOP"], tensors["CHAT"])]
     if op == "rerank":
         return [RerankRequest(_text(q[0]), _text(t[0])) for q, t in zip(tensors["QUERY"], tensors["TEXT"])]
+    if op == "denoise":
+        return [DenoiseRequest(_text(c[0]), tuple(int(x) for x in json.loads(_text(r[0]))), chat=bool(ch[0]))
+                for c, r, ch in zip(tensors["CONTEXT"], tensors["RESPONSE_IDS"], tensors["CHAT"])]
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
 
 
@@ -159,6 +172,12 @@ def encode_results(op: str, results) -> dict[str, np.ndarray]:
         return {"EMBEDDING": np.asarray(results, dtype=np.float32)}
     if op == "rerank":
         return {"SCORE": np.array([[float(x)] for x in results], dtype=np.float32)}
+    if op == "denoise":
+        ids, n = _padded([d.argmax for d in results], np.int64, -1)
+        conf, _ = _padded([d.confidence for d in results], np.float32, 0.0)
+        return {"ARGMAX": ids, "CONFIDENCE": conf, "NUM_TOKENS": n,
+                "CONTEXT_TOKENS": _column([d.context_tokens for d in results], "INT32"),
+                "TRUNCATED_TOKENS": _column([d.truncated_tokens for d in results], "INT32")}
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
 
 
@@ -187,4 +206,14 @@ def decode_results(op: str, tensors: dict[str, np.ndarray]) -> list:
         return list(np.asarray(tensors["EMBEDDING"], dtype=np.float32))
     if op == "rerank":
         return [float(x[0]) for x in tensors["SCORE"]]
+    if op == "denoise":
+        out = []
+        for i in range(len(tensors["NUM_TOKENS"])):
+            n = int(tensors["NUM_TOKENS"][i][0])
+            # FP32 on the wire: the local backend's confidences are FP32 values too (softmax in float32)
+            out.append(Denoised([int(x) for x in tensors["ARGMAX"][i][:n]],
+                                [float(x) for x in tensors["CONFIDENCE"][i][:n]],
+                                context_tokens=int(tensors["CONTEXT_TOKENS"][i][0]),
+                                truncated_tokens=int(tensors["TRUNCATED_TOKENS"][i][0])))
+        return out
     raise ValueError(f"unknown operation {op!r}; known: {', '.join(OPS)}")

@@ -124,6 +124,10 @@ class RerankModel(_ServedModel):
     op = "rerank"
 
 
+class DenoiseModel(_ServedModel):
+    op = "denoise"
+
+
 class EmbedModel(_ServedModel):
     op = "embed"
 

@@ -140,6 +140,32 @@ def test_utility_model_template_matches_the_protocol(tmp_path):
         launch.with_utility_model(REPO / "model_repo", tmp_path, tmp_path / "repo2")
 
 
+def test_denoiser_template_matches_the_protocol(tmp_path):
+    """SARDI's denoiser is a template too (--denoiser-model); both trained models can be served at once."""
+    folders = {}
+    for name in ("utility", "denoiser"):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        (folders[name] / "specrag_model.json").write_text("{}")
+    repo = launch.with_trained_models(REPO / "model_repo", folders, tmp_path / "repo")
+    text = (repo / "denoiser" / "config.pbtxt").read_text()
+    head, tail = text.split("output [")
+    as_triton = lambda pairs: [(n, "BYTES" if t == "STRING" else t) for n, t in pairs]  # noqa: E731
+    assert as_triton(re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', head)) == list(OPS["denoise"].inputs)
+    assert as_triton(re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', tail)) == list(OPS["denoise"].outputs)
+    assert f'string_value: "{folders["denoiser"].resolve()}"' in text and (repo / "utility" / "config.pbtxt").exists()
+    assert "DenoiseModel" in (repo / "denoiser" / "1" / "model.py").read_text()
+
+
+def test_denoise_protocol_round_trip():
+    from specrag.inference.triton_protocol import decode_requests, decode_results, encode_requests, encode_results
+    from specrag.inference.types import Denoised, DenoiseRequest
+    reqs = [DenoiseRequest("ctx é", (103, 5, 103)), DenoiseRequest("", (7,), chat=False)]
+    assert decode_requests("denoise", encode_requests("denoise", reqs)) == reqs
+    outs = [Denoised([5, 6, 7], [0.5, 1.0, 0.25], 12, 3), Denoised([1], [0.75], 0)]
+    assert decode_results("denoise", encode_results("denoise", outs)) == outs
+
+
 def test_gpu_repository_variant_keeps_the_models_and_changes_the_instances(tmp_path):
     out = tmp_path / "gpu_repo"
     subprocess.run([sys.executable, str(REPO / "deploy" / "triton" / "gpu" / "make_gpu_repo.py"), str(out)], check=True)
@@ -379,5 +405,42 @@ def test_utility_predictor_served_by_triton_equals_local(tmp_path):
                  ("Canberra is the capital of Australia.", "<Canberra; is; capital of Australia>", "Bananas.")]
         served = _backend(server, str(folder)).rerank(pairs)
         np.testing.assert_allclose(served, load_backend("local", str(folder), 1).rerank(pairs), atol=1e-4)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_denoiser_served_by_triton_equals_local(tmp_path):
+    """A denoiser (MiniLM + a fresh tied MLM head) served as the `denoiser` model by
+    launch.py --denoiser-model gives the local argmax and confidences, masks and context cut too."""
+    import json as _json
+    from transformers import AutoTokenizer
+    from specrag.inference.denoiser import new_denoiser, save_denoiser
+    from specrag.inference.models import CARD, materialise
+    from specrag.inference.types import DenoiseRequest
+    from specrag.transforms.runtime import load_backend
+    folder = tmp_path / "denoiser"
+    folder.mkdir()
+    base = materialise("all-minilm-l6-v2")
+    save_denoiser(new_denoiser(base, seed=0), folder)
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    (folder / CARD).write_text(_json.dumps({"kind": "masked-diffusion", "max_positions": 64}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    repo = launch.with_trained_models(empty, {"denoiser": folder}, tmp_path / "repo")
+    server = _start(tmp_path, repo)
+    try:
+        local = load_backend("local", str(folder), 1)
+        m = local.mask_id
+        requests = [DenoiseRequest("Question: who wrote hamlet? Facts: [1] Hamlet is by Shakespeare.", (m,) * 8),
+                    DenoiseRequest("a context far longer than the window allows " * 10, (2000, m, m, 102)),
+                    DenoiseRequest("", (m,))]
+        triton = _backend(server, str(folder))
+        served, expected = triton.denoise(requests), local.denoise(requests)
+        assert triton.mask_id == m and triton.eos_ids == local.eos_ids
+        for s, e in zip(served, expected):
+            assert s.argmax == e.argmax and (s.context_tokens, s.truncated_tokens) == (e.context_tokens, e.truncated_tokens)
+            np.testing.assert_allclose(s.confidence, e.confidence, atol=1e-5)
+        assert expected[1].truncated_tokens > 0 and expected[1].argmax[0] == 2000
     finally:
         server.stop()

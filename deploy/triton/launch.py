@@ -229,28 +229,41 @@ class TritonServer:
         self.stop()
 
 
-UTILITY_TEMPLATE = Path(__file__).resolve().parent / "utility"
+TEMPLATES = Path(__file__).resolve().parent
+# trained models served from templates: Triton model name -> (what trains one, placeholder)
+TRAINED = {"utility": ("specrag train-utility", "UTILITY_MODEL_FOLDER"),
+           "denoiser": ("specrag train-denoiser", "DENOISER_MODEL_FOLDER")}
+
+
+def with_trained_models(model_repo: Path, trained: dict[str, Path], out_dir: Path) -> Path:
+    """A repository serving ``model_repo``'s models plus trained ones (``utility``: AED-RAG's
+    predictor, ``rerank``; ``denoiser``: SARDI's, ``denoise``): model folders are linked, each
+    trained model's config is its template with the weights' folder filled in (clients name
+    the same folder)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, weights in trained.items():
+        if name not in TRAINED:
+            raise TritonStartError(f"no template for a trained model {name!r}; known: {', '.join(TRAINED)}")
+        folder = Path(weights).resolve()
+        if not (folder / "specrag_model.json").is_file():
+            raise TritonStartError(f"{folder} is not a model specrag trained (no specrag_model.json); "
+                                   f"train one with `{TRAINED[name][0]}`")
+    for model in sorted(Path(model_repo).iterdir()):
+        if model.is_dir() and model.name not in trained and not (out_dir / model.name).exists():
+            (out_dir / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    for name, weights in trained.items():
+        target = out_dir / name
+        if target.exists() or target.is_symlink():
+            shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+        shutil.copytree(TEMPLATES / name, target)
+        config = target / "config.pbtxt"
+        config.write_text(config.read_text().replace(TRAINED[name][1], str(Path(weights).resolve())))
+    return out_dir
 
 
 def with_utility_model(model_repo: Path, utility_folder: Path, out_dir: Path) -> Path:
-    """A repository serving ``model_repo``'s models plus AED-RAG's trained utility predictor
-    (``rerank``) from ``utility_folder``: model folders are linked, the utility config is the
-    template with the predictor's folder filled in (clients name the same folder)."""
-    folder = Path(utility_folder).resolve()
-    if not (folder / "specrag_model.json").is_file():
-        raise TritonStartError(f"{folder} is not a model specrag trained (no specrag_model.json); "
-                               "train one with `specrag train-utility`")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for model in sorted(Path(model_repo).iterdir()):
-        if model.is_dir() and not (out_dir / model.name).exists():
-            (out_dir / model.name).symlink_to(model.resolve(), target_is_directory=True)
-    target = out_dir / "utility"
-    if target.exists() or target.is_symlink():
-        shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
-    shutil.copytree(UTILITY_TEMPLATE, target)
-    config = target / "config.pbtxt"
-    config.write_text(config.read_text().replace("UTILITY_MODEL_FOLDER", str(folder)))
-    return out_dir
+    """``model_repo`` plus AED-RAG's trained utility predictor (see ``with_trained_models``)."""
+    return with_trained_models(model_repo, {"utility": utility_folder}, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,13 +278,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads per model instance")
     ap.add_argument("--utility-model", type=Path, default=None,
                     help="also serve AED-RAG's utility predictor from this `specrag train-utility` folder")
+    ap.add_argument("--denoiser-model", type=Path, default=None,
+                    help="also serve SARDI's denoiser from this `specrag train-denoiser` folder")
     ap.add_argument("--verbose", action="store_true")
     args, extra = ap.parse_known_args(argv)
     venv = install(args.venv, quiet=not args.verbose)
-    if args.utility_model is not None:
+    trained = {name: folder for name, folder in (("utility", args.utility_model), ("denoiser", args.denoiser_model))
+               if folder is not None}
+    if trained:
         import tempfile
-        args.model_repo = with_utility_model(args.model_repo, args.utility_model,
-                                             Path(tempfile.mkdtemp(prefix="specrag-model-repo-")))
+        args.model_repo = with_trained_models(args.model_repo, trained,
+                                              Path(tempfile.mkdtemp(prefix="specrag-model-repo-")))
     if args.command == "install":
         print(f"Triton server venv ready: {venv}")
         return 0
