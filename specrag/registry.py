@@ -64,6 +64,7 @@ METHODS = Registry("method", {
     "aed-rag": "specrag.methods.aed_rag:AEDRAG",
     "aed-label": "specrag.methods.aed_rag:AEDLabel",
     "sardi": "specrag.methods.sardi:SARDI",
+    "ar-retrieval": "specrag.methods.active_retrieval:ARRetrieval",
 })
 
 # model name -> its ModelSpec (where the weights are, what kind of model it is)

@@ -308,3 +308,71 @@ def test_sardi_through_the_beam_pipeline_equals_the_in_memory_run(imported, pool
         assert sum(s["committed"] for s in mine["steps"]) == WINDOW
     [row] = evaluate_run(str(tmp_path / "run"), str(queries))["rows"]
     assert row["method"] == "sardi" and {"recall_at_25pct", "recall_at_100pct", "cumulative_recall"} <= set(row)
+
+
+# --- the autoregressive baselines, on a scripted generator -----------------------------------
+
+class _ScriptedGenerator(_ScriptedContext):
+    """Generates a fixed answer token by token (ids 1..5 then EOS), with scripted probabilities."""
+
+    ANSWER = [1, 2, 3, 4, 5]
+    WORDS = {1: "lynch", 2: "born.", 3: "missoula", 4: "###", 5: "montana"}
+
+    def __init__(self, probs=None):
+        super().__init__([])
+        self.probs = probs or {}
+        self.generated: list[tuple] = []
+
+    def detokenize(self, ids, model="generator"):
+        return " ".join(self.WORDS[i] for i in ids)
+
+    async def generate(self, request, model="generator"):
+        from specrag.inference.types import Generation
+        import math as _m
+        start = len(request.continuation_ids)
+        ids = self.ANSWER[start:start + request.max_new_tokens]
+        self.generated.append((start, request.max_new_tokens, request.prompt))
+        done = start + len(ids) >= len(self.ANSWER)
+        lps = [_m.log(self.probs.get(start + i, 0.9)) for i in range(len(ids))]
+        return Generation(" ".join(self.WORDS[i] for i in ids), list(ids), lps, 10, "stop" if done else "length")
+
+
+@pytest.mark.parametrize("every, generate_calls, retrievals", [(0, 1, 1), (1, 5, 5), (2, 3, 3)])
+def test_ar_schedules_retrieve_every_n_tokens_with_question_plus_response(every, generate_calls, retrievals):
+    from specrag.methods.active_retrieval import ARRetrievalTrace
+    ctx = _ScriptedGenerator()
+    item = _run(create_method("ar-retrieval", every=every, top_k=2), ctx)
+    trace = item.trace.of(ARRetrievalTrace)
+    assert item.raw_output == "lynch born. missoula ### montana" and item.answer == "montana"
+    assert len(ctx.generated) == generate_calls and trace.retrievals == retrievals == len(ctx.queries)
+    assert len(trace.steps) == 5 and ctx.queries[0] == "Where was the director born?"
+    if every:
+        # after the first chunk the query is question + the response so far; the next chunk's evidence is its result
+        first = " ".join(_ScriptedGenerator.WORDS[i] for i in _ScriptedGenerator.ANSWER[:every])
+        assert ctx.queries[1] == f"Where was the director born? {first}"
+        assert trace.steps[every].doc_ids[0] == ctx.queries[1] + "#0"
+        assert ctx.generated[1][0] == every  # generation continues from the tokens so far
+    else:
+        assert {tuple(s.doc_ids) for s in trace.steps} == {tuple(f"{ctx.queries[0]}#{i}" for i in range(2))}
+
+
+def test_flare_retrieves_only_for_a_sentence_with_an_unconfident_token():
+    from specrag.methods.active_retrieval import ARRetrievalTrace
+    confident = _ScriptedGenerator()
+    trace = _run(create_method("ar-retrieval", flare=True), confident).trace.of(ARRetrievalTrace)
+    assert trace.flare_triggers == 0 and trace.retrievals == 1 and len(trace.steps) == 5
+    # sentence 1 is "lynch born." (cut after "born."); its "lynch" has p=0.1 < 0.4: retrieve with the
+    # question + the sentence without that token, regenerate; sentence 2 is confident
+    unsure = _ScriptedGenerator(probs={0: 0.1})
+    item = _run(create_method("ar-retrieval", flare=True), unsure)
+    trace = item.trace.of(ARRetrievalTrace)
+    assert trace.flare_triggers == 1 and unsure.queries[1] == "Where was the director born? born."
+    assert [g[0] for g in unsure.generated] == [0, 0, 2] and item.answer == "montana"
+    assert trace.steps[0].doc_ids[0] == "Where was the director born? born.#0"
+
+
+def test_ar_settings_are_validated():
+    with pytest.raises(ValueError, match="two schedules"):
+        create_method("ar-retrieval", flare=True, every=1)
+    with pytest.raises(ValueError, match="every must be"):
+        create_method("ar-retrieval", every=-1)
