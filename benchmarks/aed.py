@@ -29,12 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import imported_data, machine_line, markdown_table, paired_bootstrap_ci, publish  # noqa: E402
+from workloads import imported_data, specrag_cli as specrag, machine_line, markdown_table, paired_bootstrap_ci, publish  # noqa: E402
 
 RESULTS = "benchmarks/results/aed.md"
 WORK = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
@@ -50,16 +49,6 @@ CONFIGS = {
     "aed w/o d_ss": ("aed-rag", ["self_sufficiency=false"]),
     "aed untrained": ("aed-rag", ["predictor=similarity"]),
 }
-
-
-def specrag(*args: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SPECRAG_THREADS": "1",
-           "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "specrag.pipelines.cli", *args], env=env, capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"specrag {args[0]} failed:\n{proc.stderr[-4000:]}")
-    print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"specrag {args[0]} done", flush=True)
 
 
 def prepare(data_dir: str, n_train: int, per_dataset: int) -> dict:

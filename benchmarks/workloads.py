@@ -13,6 +13,20 @@ SHARED_SETS = ["hotpotqa", "popqa", "nq", "webquestions", "arc_challenge", "arc_
                "asqa"]
 
 
+def specrag_cli(*args: str) -> str:
+    """Run ``specrag ARGS`` as a fresh process (one torch thread per worker, offline); its
+    stdout, or a RuntimeError with the end of its stderr."""
+    import subprocess
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SPECRAG_THREADS": "1",
+           "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "specrag.pipelines.cli", *args], env=env, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"specrag {args[0]} failed:\n{proc.stderr[-4000:]}")
+    print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"specrag {args[0]} done", flush=True)
+    return proc.stdout
+
+
 def imported_data(work: Path, data_dir: str) -> Path:
     """../shared/data imported once under ``work`` (queries per set and the pooled corpus)."""
     from specrag.importers import import_datasets
