@@ -24,6 +24,11 @@ RETRIEVER_KINDS = tuple(registry.RETRIEVERS)
 DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")  # these embed the query: they need an embedder's embed
 
 
+# roles whose model specrag trains: how to get one
+TRAINED_ROLES = {"utility": "train one with `specrag train-utility`, then --model utility=FOLDER",
+                 "denoiser": "train one with `specrag train-denoiser`, then --model denoiser=FOLDER"}
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     backend: str = "local"
@@ -56,7 +61,8 @@ class RuntimeConfig:
                                  "folder of a model specrag trained (e.g. `specrag train-utility`)")
         missing = [r for r in needs if r not in models]
         if missing:
-            raise ValueError(f"{method} needs model role(s) {missing}; configured: {sorted(models)}")
+            hints = "".join(f"; {r}: {TRAINED_ROLES[r]}" for r in missing if r in TRAINED_ROLES)
+            raise ValueError(f"{method} needs model role(s) {missing}; configured: {sorted(models)}{hints}")
         if self.num_threads < 1:
             raise ValueError("num_threads must be >= 1")
         if self.dtype not in ("float32", "bfloat16"):
