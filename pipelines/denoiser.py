@@ -91,8 +91,11 @@ def evidence_for(hits: Sequence, golds: Sequence, k: int, seed: str) -> list:
     return chosen[:max(k, len(golds))]
 
 
-def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, passage_words: int = 40):
-    """TraceExamples of the questions that have gold passages and an answer."""
+def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, passage_words: int = 40,
+                 grounded_only: bool = True):
+    """TraceExamples of the questions that have gold passages and an answer; with
+    ``grounded_only``, only those whose answer (other than yes/no) occurs in the evidence as cut
+    to ``passage_words``: the denoiser learns to copy from its facts, not to guess."""
     from transformers import AutoTokenizer
     from specrag.inference.denoiser_training import TraceExample
     from specrag.inference.models import materialise
@@ -109,7 +112,10 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
         steps = trace_steps([(g.title, g.text) for g in golds], answer)
         response = fit_trace(steps, answer, n_tokens, config.response_tokens - 1)  # room for the end token
         docs = evidence_for(found, golds, top_k, q["id"])
-        out.append(TraceExample(q["id"], sardi_prompt(q["question"], evidence(docs, passage_words)), response))
+        context = sardi_prompt(q["question"], evidence(docs, passage_words))
+        if grounded_only and answer.lower() not in ("yes", "no") and answer.lower() not in context.lower():
+            continue
+        out.append(TraceExample(q["id"], context, response))
     return out
 
 
@@ -131,6 +137,9 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
         raise ValueError(f"no question of split {split!r} in {queries!r}")
     retriever = open_retriever(index, "bm25")
     traces = build_traces(rows, retriever, config, top_k=top_k, passage_words=passage_words)
+    if not traces:
+        raise ValueError(f"no trace: none of the {len(rows)} questions of {split!r} has gold passages holding its "
+                         "answer within the evidence cut")
     store = retriever.store
     passages = [passage_text(t, x) for t, x in zip(store.titles, store.texts)]
     if max_passages:
@@ -139,5 +148,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
         "split": split_fingerprint(split), "queries": dataset_fingerprint(files),
         "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
         "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
-                     "golds": "forced into the top-k"}})
+                     "golds": "forced into the top-k"},
+        "questions": len(rows), "traces_kept": len(traces),
+        "kept": "traces whose answer (other than yes/no) occurs in the evidence as cut"})
     return asdict(report)

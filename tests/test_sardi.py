@@ -376,3 +376,25 @@ def test_ar_settings_are_validated():
         create_method("ar-retrieval", flare=True, every=1)
     with pytest.raises(ValueError, match="every must be"):
         create_method("ar-retrieval", every=-1)
+
+
+def test_traces_name_the_bridge_then_the_answer_and_fit_the_window():
+    from specrag.pipelines.denoiser import evidence_for, fit_trace, trace_steps
+    golds = [("Blue Velvet", "Blue Velvet is a 1986 film. It was directed by David Lynch. It stars Kyle MacLachlan."),
+             ("David Lynch", "David Lynch is a filmmaker. Lynch was born in Missoula, Montana, in 1946.")]
+    # the bridge passage's sentence naming the other gold's title, then the answer's sentence
+    assert trace_steps(golds, "Missoula") == ["It was directed by David Lynch.", "Lynch was born in Missoula, Montana, in 1946."]
+    assert trace_steps(golds[::-1], "Missoula") == trace_steps(golds, "Missoula")
+    words = lambda s: len(s.split())  # noqa: E731
+    full = fit_trace(["a b c d e", "f g"], "Missoula", words, 100)
+    assert full == "Step 1: a b c d e\nStep 2: f g\n### Missoula"
+    cut = fit_trace(["a b c d e", "f g"], "Missoula", words, 9)
+    assert cut == "Step 1: a\nStep 2: f g\n### Missoula"  # the longest step shortened first, the answer kept
+
+    @dataclass
+    class H:
+        doc_id: str
+    hits = [H("x"), H("g1"), H("y"), H("z")]
+    chosen = evidence_for(hits, [H("g1"), H("g2")], 3, "q1")
+    assert {h.doc_id for h in chosen} == {"x", "g1", "g2"} and len(chosen) == 3  # g2 replaced y, the lowest non-gold
+    assert evidence_for(hits, [H("g1"), H("g2")], 3, "q1") == chosen  # seeded: the same every time
