@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import imported_data, specrag_cli as specrag, machine_line, markdown_table, paired_bootstrap_ci, publish  # noqa: E402
+from workloads import imported_data, pooled_index, specrag_cli as specrag, machine_line, markdown_table, paired_bootstrap_ci, publish  # noqa: E402
 
 RESULTS = "benchmarks/results/aed.md"
 WORK = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
@@ -56,9 +56,7 @@ def prepare(data_dir: str, n_train: int, per_dataset: int) -> dict:
     import pyarrow.parquet as pq
     from specrag.evaluation.splits import load_split
     data = imported_data(WORK, data_dir)
-    index = WORK / "index"
-    if not (index / "manifest.json").exists():
-        specrag("build-index", "--corpus", str(data / "pooled_corpus.parquet"), "--index", str(index))
+    index = pooled_index(WORK, data)
     triplets = WORK / "aed" / "triplets"
     if not (triplets / "manifest.json").exists():
         specrag("extract-triplets", "--corpus", str(data / "pooled_corpus.parquet"), "--output", str(triplets),

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import imported_data, specrag_cli as specrag, machine_line, markdown_table, publish  # noqa: E402
+from workloads import imported_data, pooled_index, specrag_cli as specrag, machine_line, markdown_table, publish  # noqa: E402
 
 RESULTS = "benchmarks/results/sardi.md"
 WORK = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
@@ -57,9 +57,7 @@ def prepare(data_dir: str, n_questions: int) -> dict:
     import pyarrow.parquet as pq
     from specrag.evaluation.splits import load_split
     data = imported_data(WORK, data_dir)
-    index = WORK / "index"
-    if not (index / "manifest.json").exists():
-        specrag("build-index", "--corpus", str(data / "pooled_corpus.parquet"), "--index", str(index))
+    index = pooled_index(WORK, data)
     denoiser = WORK / "sardi" / "denoiser"
     if not (denoiser / "specrag_model.json").exists():
         specrag("train-denoiser", "--queries", str(data / "*" / "queries.parquet"), "--index", str(index),

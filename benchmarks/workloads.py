@@ -36,6 +36,14 @@ def imported_data(work: Path, data_dir: str) -> Path:
     return data
 
 
+def pooled_index(work: Path, data: Path) -> Path:
+    """BM25 over the pooled corpus of every imported set (built once per work folder)."""
+    index = work / "index"
+    if not (index / "manifest.json").exists():
+        specrag_cli("build-index", "--corpus", str(data / "pooled_corpus.parquet"), "--index", str(index))
+    return index
+
+
 def popqa_bm25(data_dir: str, n: int, prefix: str):
     """(workdir, BM25 retriever over the pooled corpus, first n PopQA queries)."""
     import pyarrow.parquet as pq

@@ -103,7 +103,9 @@ class DenoiserInputs:
                               tokenizer.unk_token_id})
 
     def context_ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """All of the context's tokens: ``batch`` cuts them to the window and counts the cut
+        (hence no truncation here, and no tokenizer warning about the length)."""
+        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
     def response_ids(self, text: str, length: int) -> list[int]:
         """The text's tokens, then the end token to ``length`` (cut at ``length``)."""
@@ -134,3 +136,12 @@ class DenoiserInputs:
             mask[b, :len(r)] = 1
             tt[b, :len(t)] = torch.tensor(t)
         return ids, mask, tt, starts, cut
+
+    @staticmethod
+    def response_positions(shape, starts: list[int], lengths: list[int]):
+        """Bool mask [B, T] of each row's response window: where the head has to run."""
+        torch = _torch()
+        where = torch.zeros(shape, dtype=torch.bool)
+        for b, (start, n) in enumerate(zip(starts, lengths)):
+            where[b, start:start + n] = True
+        return where

@@ -137,10 +137,13 @@ def masked_accuracy(model, inputs, rows, ratio: float, seed: int, end_id: int, b
             words = targets != end_id
             masked_in, masked = mask_batch(targets, torch.full((len(chunk),), ratio), inputs.mask, generator, words)
             ids, attn, types, starts, _ = inputs.batch([c for c, _ in chunk], masked_in.tolist())
-            logits = model(ids, attn, types)
+            width = targets.shape[1]
+            where = inputs.response_positions(ids.shape, starts, [width] * len(chunk))
+            logits = model(ids, attn, types, positions=where)
             logits[..., inputs.banned] = float("-inf")
-            for b, start in enumerate(starts):
-                pred = logits[b, start:start + targets.shape[1]].argmax(-1)
+            preds = logits.argmax(-1).view(len(chunk), width)
+            for b in range(len(chunk)):
+                pred = preds[b]
                 hit += int((pred[masked[b]] == targets[b][masked[b]]).sum())
                 total += int(masked[b].sum())
     return hit / max(1, total)

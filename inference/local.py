@@ -550,15 +550,18 @@ class LocalDenoiser:
         import torch
         contexts = [self.inputs.context_ids(r.context) for r in requests]
         ids, mask, types, starts, cut = self.inputs.batch(contexts, [list(r.response_ids) for r in requests])
+        lengths = [len(r.response_ids) for r in requests]
+        where = self.inputs.response_positions(ids.shape, starts, lengths)
         with self._lock, torch.inference_mode():
-            logits = self.model(ids.to(self.device), mask.to(self.device), types.to(self.device)).float()
+            # the head only over the response windows, flattened row by row
+            logits = self.model(ids.to(self.device), mask.to(self.device), types.to(self.device),
+                                positions=where.to(self.device)).float()
             logits[..., self.inputs.banned] = float("-inf")
-            probs = torch.softmax(logits, dim=-1)
-            conf, arg = probs.max(dim=-1)
+            conf, arg = torch.softmax(logits, dim=-1).max(dim=-1)
+        arg, conf = arg.cpu().split(lengths), conf.cpu().split(lengths)
         out = []
         for b, r in enumerate(requests):
-            span = slice(starts[b], starts[b] + len(r.response_ids))
-            a, c = arg[b, span].tolist(), conf[b, span].tolist()
+            a, c = arg[b].tolist(), conf[b].tolist()
             for i, t in enumerate(r.response_ids):
                 if t != self.mask_id:  # committed: stays as it is
                     a[i], c[i] = t, 1.0

@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -118,6 +119,15 @@ class Method:
     def departures(self) -> list[dict]:
         """Settings that differ from the paper's published ones (the run manifest records them)."""
         return []
+
+    def warn_departures(self) -> None:
+        """Log the departures once, where a run starts (not in every worker that builds the method)."""
+        off = self.departures()
+        if off:
+            logging.getLogger(type(self).__module__).warning(
+                "%s: %d setting(s) differ from the published configuration: %s; this run does not reproduce "
+                "the paper's results", self.name, len(off),
+                ", ".join(f"{d['setting']}={d['value']!r} (paper: {d['paper']})" for d in off))
 
     def fingerprint(self) -> str:
         """Short hash of method name + config: results of different settings never mix."""

@@ -13,6 +13,7 @@ from specrag.methods.base import Method, QueryState, merge_parts, method_segment
 
 def run_method(engine: Any, method: Method, queries: list[dict]) -> tuple[list[QueryState], list[dict]]:
     """Returns (finished states in input order, failures as {id, stage, error})."""
+    method.warn_departures()
     states = [QueryState(query=q) for q in queries]
     failures: list[dict] = []
     for segment in method_segments(method.stages()):

@@ -218,14 +218,6 @@ class SARDI(Method):
     trace_class = SARDITrace
     needs_retriever = True
 
-    def __init__(self, config: MethodConfig | None = None, **overrides):
-        super().__init__(config, **overrides)
-        off = self.config.departures()
-        if off:
-            log.warning("sardi: %d setting(s) differ from the published configuration: %s; this run does not "
-                        "reproduce the paper's Table 1", len(off),
-                        ", ".join(f"{d['setting']}={d['value']!r} (paper: {d['paper']})" for d in off))
-
     def departures(self) -> list[dict]:
         return self.config.departures()
 

@@ -191,6 +191,7 @@ def run_answer(job: AnswerJob) -> dict:
     if not job.resume:
         stale += match_files(join(out, "results-*.parquet"))
     delete(stale)
+    job.method.warn_departures()
     started = time.time()
     p = beam.Pipeline(options=pipeline_options(job.beam_args))
     build_answer_pipeline(p, job, done, attempt, fingerprint)

@@ -77,8 +77,9 @@ def test_settings_are_validated_and_departures_warned(caplog):
     with pytest.raises(ValueError, match="query must be"):
         create_method("sardi", query="nonsense")
     assert create_method("sardi").departures() == [] and create_method("sardi", tau_c=0.95).departures() == []
+    m = create_method("sardi", max_new_tokens=64, passage_words=40)
     with caplog.at_level(logging.WARNING, logger="specrag.methods.sardi"):
-        m = create_method("sardi", max_new_tokens=64, passage_words=40)
+        m.warn_departures()  # where a run starts: run_answer, run_method
     assert {d["setting"] for d in m.departures()} == {"max_new_tokens", "passage_words"}
     assert "differ from the published configuration" in caplog.text
 

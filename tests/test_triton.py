@@ -380,22 +380,29 @@ def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_tho
     assert manifest["resumed"]["skipped_finished"] == len(answered)
 
 
+def _untrained_model_folder(folder, new, save, card: dict):
+    """A model folder as the train-* commands write it (MiniLM base, a fresh seeded head, the
+    tokenizer and the card), without the training: serving parity does not need trained weights."""
+    import json as _json
+    from transformers import AutoTokenizer
+    from specrag.inference.models import CARD, materialise
+    folder.mkdir()
+    base = materialise("all-minilm-l6-v2")
+    save(new(base, seed=0), folder)
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    (folder / CARD).write_text(_json.dumps(card))
+    return folder
+
+
 @pytest.mark.slow
 def test_utility_predictor_served_by_triton_equals_local(tmp_path):
     """A predictor folder (here: the untrained cross-encoder, saved as train-utility saves)
     served as the `utility` model by launch.py --utility-model gives the local scores."""
-    import json as _json
-    from transformers import AutoTokenizer
     from specrag.inference.cross_encoder import new_cross_encoder, save_cross_encoder
-    from specrag.inference.models import CARD, materialise
     from specrag.inference.types import RerankRequest
     from specrag.transforms.runtime import load_backend
-    folder = tmp_path / "predictor"
-    folder.mkdir()
-    base = materialise("all-minilm-l6-v2")
-    save_cross_encoder(new_cross_encoder(base, seed=0), folder)
-    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
-    (folder / CARD).write_text(_json.dumps({"kind": "cross-encoder", "max_length": 128}))
+    folder = _untrained_model_folder(tmp_path / "predictor", new_cross_encoder, save_cross_encoder,
+                                     {"kind": "cross-encoder", "max_length": 128})
     empty = tmp_path / "empty"
     empty.mkdir()
     repo = launch.with_utility_model(empty, folder, tmp_path / "repo")  # the utility model alone
@@ -413,18 +420,11 @@ def test_utility_predictor_served_by_triton_equals_local(tmp_path):
 def test_denoiser_served_by_triton_equals_local(tmp_path):
     """A denoiser (MiniLM + a fresh tied MLM head) served as the `denoiser` model by
     launch.py --denoiser-model gives the local argmax and confidences, masks and context cut too."""
-    import json as _json
-    from transformers import AutoTokenizer
     from specrag.inference.denoiser import new_denoiser, save_denoiser
-    from specrag.inference.models import CARD, materialise
     from specrag.inference.types import DenoiseRequest
     from specrag.transforms.runtime import load_backend
-    folder = tmp_path / "denoiser"
-    folder.mkdir()
-    base = materialise("all-minilm-l6-v2")
-    save_denoiser(new_denoiser(base, seed=0), folder)
-    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
-    (folder / CARD).write_text(_json.dumps({"kind": "masked-diffusion", "max_positions": 64}))
+    folder = _untrained_model_folder(tmp_path / "denoiser", new_denoiser, save_denoiser,
+                                     {"kind": "masked-diffusion", "max_positions": 64})
     empty = tmp_path / "empty"
     empty.mkdir()
     repo = launch.with_trained_models(empty, {"denoiser": folder}, tmp_path / "repo")
