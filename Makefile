@@ -15,7 +15,7 @@ export MKL_NUM_THREADS ?= 1
 export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-triton install-gpu demo test test-fast test-full triton-serve clean
+.PHONY: install install-triton install-gpu install-chromium demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -53,9 +53,21 @@ install-gpu: install
 demo: install
 	$(VENV)/bin/specrag demo --workdir runs/demo
 
-test: install install-triton
+# Headless Chromium (Debian's package) renders the comparison report in the tests.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+install-chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
+test: install install-triton install-chromium
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests
+	$(MAKE) compare-smoke
+
+# The regression suite: the demo data's methods against their expectations (a few minutes).
+compare-smoke: install
+	rm -rf .tmp/compare-smoke  # fresh runs: the code under test made them, not an earlier checkout
+	$(VENV)/bin/specrag compare --suite benchmarks/suites/smoke.yaml --check --workdir .tmp/compare-smoke
 
 test-fast: install
 	mkdir -p .tmp

@@ -8,6 +8,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from specrag.evaluation.report import markdown_table  # noqa: F401  (re-exported for the benchmarks)
+from specrag.evaluation.stats import paired_bootstrap_ci  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_SETS = ["hotpotqa", "popqa", "nq", "webquestions", "arc_challenge", "arc_challenge_selfrag", "pubhealth",
                "asqa"]
@@ -216,28 +219,8 @@ def summarise(by: dict, datasets: list[str], label: str, baseline: str, method: 
             "acc_minus_method": acc(label) - acc(method), "latency_over_standard": latency(label) / latency(baseline)}
 
 
-def paired_bootstrap_ci(a: list[list[float]], b: list[list[float]], draws: int = 2000,
-                        seed: int = 0) -> tuple[float, float]:
-    """95% interval of mean_over_datasets(mean(a) - mean(b)) in points, resampling each dataset's
-    questions (the same questions for both methods: a paired comparison)."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    stats = np.zeros(draws)
-    for x, y in zip(a, b):
-        diff = 100 * (np.asarray(x, dtype=float) - np.asarray(y, dtype=float))
-        stats += diff[rng.integers(0, len(diff), size=(draws, len(diff)))].mean(axis=1)
-    stats /= len(a)
-    return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
-
-
 def by_label(summary: list[dict], label: str) -> dict:
     return next(r for r in summary if r["method"] == label)
-
-
-def markdown_table(rows: list[dict], cols: list[str]) -> list[str]:
-    fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            + ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows])
 
 
 def machine_line(threads: int) -> str:

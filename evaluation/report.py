@@ -115,5 +115,12 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths]), *(line(x) for x in cells)])
 
 
+def markdown_table(rows: list[dict], cols: list[str]) -> list[str]:
+    """A Markdown table's lines (floats with two decimals; a missing cell is empty)."""
+    fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else ("" if v is None else str(v))  # noqa: E731
+    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows])
+
+
 def save_report(report: dict, path: Path | str) -> None:
     write_text(str(path), json.dumps(report, indent=2))

@@ -1,5 +1,5 @@
 """The `specrag` command: import-data, build-index, build-datastore, extract-triplets, label-utility,
-train-utility, train-denoiser, answer, evaluate, demo.
+train-utility, train-denoiser, answer, evaluate, compare, demo.
 
 The Beam jobs (answer, build-index, build-datastore, extract-triplets) take their flags from PipelineOptions
 classes (pipelines/options.py): the same definitions make the CLI, ``--help`` and the
@@ -93,12 +93,11 @@ def cmd_build_datastore(args, flags) -> int:
     return 0
 
 
-def _run_answer_flags(flags, command: str, method_name: str | None = None):
-    """The answer job from its flags (label-utility: with the aed-label method); returns
-    (manifest or None when the run failed its threshold, output folder)."""
+def answer_job_from_flags(flags: list[str], command: str = "answer", method_name: str | None = None):
+    """The answer job its flags describe, checked (label-utility: with the aed-label method)."""
     from specrag.methods import create_method
     from specrag.methods.base import parse_settings
-    from specrag.pipelines.answer import AnswerJob, RunFailed, run_answer
+    from specrag.pipelines.answer import AnswerJob
     from specrag.pipelines.options import AnswerOptions, OutputOptions, RuntimeOptions
     options, beam_args = _job_options(flags)
     a, o = options.view_as(AnswerOptions), options.view_as(OutputOptions)
@@ -108,16 +107,23 @@ def _run_answer_flags(flags, command: str, method_name: str | None = None):
         raise ValueError(f"{command} runs method {method_name!r}; drop --method {a.method}")
     method = create_method(name, **parse_settings(name, a.set or []))
     runtime = options.view_as(RuntimeOptions).runtime_config().with_roles(method.model_roles)
-    job = AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
-                    num_shards=a.shards, beam_args=beam_args, resume=o.resume,
-                    overwrite=o.overwrite, execution=a.execution,
-                    max_failure_fraction=o.max_failure_fraction, gather_timeout_s=a.gather_timeout,
-                    shard_rows=a.shard_rows, bad_files=o.bad_files)
+    return AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
+                     num_shards=a.shards, beam_args=beam_args, resume=o.resume,
+                     overwrite=o.overwrite, execution=a.execution,
+                     max_failure_fraction=o.max_failure_fraction, gather_timeout_s=a.gather_timeout,
+                     shard_rows=a.shard_rows, bad_files=o.bad_files)
+
+
+def _run_answer_flags(flags, command: str, method_name: str | None = None):
+    """Run the answer job of these flags; returns (manifest or None when the run failed its
+    threshold, output folder)."""
+    from specrag.pipelines.answer import RunFailed, run_answer
+    job = answer_job_from_flags(flags, command, method_name)
     try:
-        return run_answer(job), o.output
+        return run_answer(job), job.output
     except RunFailed as e:
         print(f"specrag {command}: failed: {e}", file=sys.stderr)
-        return None, o.output
+        return None, job.output
 
 
 def cmd_answer(args, flags) -> int:
@@ -218,6 +224,21 @@ def cmd_evaluate(args, extra) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def cmd_compare(args, extra) -> int:
+    from specrag.pipelines.compare import run_compare
+    workdir = args.workdir or f"runs/compare/{Path(args.suite).stem}"
+    outcome = run_compare(args.suite, workdir, args.report_dir, check=args.check, extra_flags=list(extra))
+    print(Path(outcome.files["markdown"]).read_text())
+    print(f"report: {outcome.files['html']} (HTML), {outcome.files['markdown']} (Markdown)")
+    failed_jobs = [r for r in outcome.records if r.status == "failed"]
+    if args.check:
+        if outcome.failed_expectations:
+            print("specrag compare --check: FAILED\n  " + "\n  ".join(outcome.failed_expectations), file=sys.stderr)
+            return 1
+        print(f"specrag compare --check: all {len(outcome.report['expectations'])} expectations hold")
+    return 1 if failed_jobs else 0
 
 
 def cmd_demo(args, extra) -> int:
@@ -327,6 +348,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--queries", required=True, help="gold queries Parquet (file or glob)")
     p.add_argument("--json", help="also write the table rows here")
     p.set_defaults(fn=cmd_evaluate)
+
+    p = sub.add_parser("compare", help="run every method x dataset of a suite and report quality and cost "
+                                       "side by side (HTML + Markdown)")
+    p.add_argument("--suite", required=True, help="suite YAML (see benchmarks/suites/)")
+    p.add_argument("--workdir", default=None, help="runs, data and indexes (default: runs/compare/SUITE)")
+    p.add_argument("--report-dir", default=None, help="where the report goes (default: the workdir)")
+    p.add_argument("--check", action="store_true", help="fail when a result is outside the suite's expectations")
+    p.set_defaults(fn=cmd_compare)
 
     p = sub.add_parser("demo", help="build the demo index, answer the demo questions, print metrics")
     p.add_argument("--workdir", default="runs/demo")

@@ -1,0 +1,161 @@
+"""`specrag compare`: every method × dataset of a suite as a normal answer job, then one report.
+
+Each job is the `specrag answer` job its flags describe (any runner), written under
+``WORKDIR/runs/DATASET/METHOD``. A job whose manifest shows it finished with the same run
+identity is reused as it is; a killed one is resumed (only its missing queries run). Then every
+run is evaluated against its dataset's gold and the report (Markdown, self-contained HTML, JSON)
+is written; ``--check`` compares the results with the suite's expectations.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from specrag.pipelines.suite import Suite, SuiteDataset, load_suite, slug
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunRecord:
+    """One method on one dataset: where it ran and how it went."""
+    dataset: str
+    label: str
+    method: str
+    output: str
+    queries: str
+    index: str | None
+    status: str = "pending"  # ran | resumed | reused | failed
+    error: str = ""
+    wall_s: float = 0.0
+    manifest: dict = field(default_factory=dict)
+
+
+@dataclass
+class CompareOutcome:
+    records: list[RunRecord]
+    report: dict
+    files: dict[str, str]
+    failed_expectations: list[str]
+
+
+def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | None]:
+    """(queries file or glob, index folder or None): the bundled demo data written out, the
+    first ``limit`` questions taken, the index built from ``corpus`` once."""
+    import pyarrow as pa
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.pipelines.demo import write_demo_tables
+    from specrag.transforms.files import read_parquet
+    from specrag.transforms.parquet_io import expand_inputs
+    here = workdir / "data" / slug(dataset.name)
+    queries, corpus = dataset.queries, dataset.corpus
+    if "demo" in (queries, corpus):
+        demo_queries, demo_corpus = write_demo_tables(here / "demo")
+        queries = str(demo_queries) if queries == "demo" else queries
+        corpus = str(demo_corpus) if corpus == "demo" else corpus
+    if dataset.limit:
+        import pyarrow.parquet as pq
+        rows: list[dict] = []
+        schema = None
+        for f in expand_inputs(queries):  # sorted file order, then row order: deterministic
+            table = read_parquet(f)
+            schema = schema or table.schema
+            rows.extend(table.slice(0, dataset.limit - len(rows)).to_pylist())
+            if len(rows) >= dataset.limit:
+                break
+        here.mkdir(parents=True, exist_ok=True)
+        path = here / f"queries-first-{dataset.limit}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        queries = str(path)
+    index = dataset.index
+    if index is None and corpus:
+        index = str(workdir / "indexes" / slug(dataset.name))
+        if not (Path(index) / "manifest.json").exists():
+            print(f"compare: building a BM25 index of {corpus} for {dataset.name}", flush=True)
+            run_build_index(corpus, index, ["bm25"])
+    return queries, index
+
+
+def _finished(output: str, fingerprint: str) -> dict | None:
+    """The manifest of a finished run with this identity, or None."""
+    from specrag.transforms.files import exists, join, read_text
+    path = join(output, "manifest.json")
+    if not exists(path):
+        return None
+    manifest = json.loads(read_text(path))
+    return manifest if manifest.get("run_fingerprint") == fingerprint else None
+
+
+def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = ()) -> list[RunRecord]:
+    """Every method × dataset, reusing finished runs; a failed job is recorded and the rest go on."""
+    from specrag.pipelines.answer import IDENTITY_FILE, RunFailed, run_answer, run_fingerprint, run_identity
+    from specrag.pipelines.cli import answer_job_from_flags
+    from specrag.transforms.files import exists, join, match_files
+    records = []
+    total = len(suite.datasets) * len(suite.methods)
+    for dataset in suite.datasets:
+        queries, index = prepare_dataset(dataset, workdir)
+        for method in suite.methods:
+            out = str(workdir / "runs" / slug(dataset.name) / slug(method.label))
+            rec = RunRecord(dataset.name, method.label, method.method, out, queries, index)
+            records.append(rec)
+            flags = [*suite.job_flags(dataset, method), *extra_flags, "--queries", queries, "--output", out]
+            if index:
+                flags += ["--index", index]
+            step = f"[{len(records)}/{total}] {dataset.name} × {method.label}"
+            try:
+                job = answer_job_from_flags(flags, "compare")
+                job = replace(job, extra_manifest={"suite": suite.name, "suite_label": method.label,
+                                                   "suite_dataset": dataset.name})
+                done = _finished(out, run_fingerprint(run_identity(job)))
+                if done is not None:
+                    rec.status, rec.manifest = "reused", done
+                    print(f"{step}: reused ({out})", flush=True)
+                    continue
+                resume = bool(match_files(join(out, "results-*.parquet"))) or exists(join(out, IDENTITY_FILE))
+                job = replace(job, resume=resume, overwrite=False)
+                print(f"{step}: {'resuming' if resume else 'running'} {method.method} …", flush=True)
+                started = time.time()
+                rec.manifest = run_answer(job)
+                rec.status, rec.wall_s = ("resumed" if resume else "ran"), time.time() - started
+                print(f"{step}: done in {rec.wall_s:.1f} s", flush=True)
+            except (RunFailed, ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError) as e:
+                rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"
+                print(f"{step}: FAILED: {rec.error}", flush=True)
+                log.warning("compare: %s failed: %s", step, rec.error)
+    return records
+
+
+def check_expectations(suite: Suite, report: dict) -> tuple[list[dict], list[str]]:
+    """Each expectation with its measured value; the messages of those that do not hold."""
+    checked, failed = [], []
+    for e in suite.expect:
+        row = report["rows"].get(e.dataset, {}).get(e.method) or {}
+        measured = row.get(e.metric)
+        ok = e.holds(measured)
+        checked.append({"dataset": e.dataset, "method": e.method, "metric": e.metric, "expected": e.value,
+                        "tolerance": e.tolerance, "measured": measured, "ok": ok})
+        if not ok:
+            failed.append(f"{e.dataset} × {e.method}: {e.metric} = {measured} is outside "
+                          f"{e.value} ± {e.tolerance}")
+    return checked, failed
+
+
+def run_compare(suite_path: str | Path, workdir: str | Path, report_dir: str | Path | None = None,
+                check: bool = False, extra_flags: list[str] = ()) -> CompareOutcome:
+    from specrag.evaluation.compare_report import build_report, write_report
+    suite = load_suite(suite_path)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    records = run_jobs(suite, workdir, list(extra_flags))
+    report = build_report(suite, records)
+    checked, failed = check_expectations(suite, report)
+    report["expectations"] = checked
+    failed += [f"{r.dataset} × {r.label}: the job failed ({r.error})" for r in records if r.status == "failed"]
+    files = write_report(report, Path(report_dir or workdir))
+    if check and not suite.expect:
+        failed.append(f"suite {suite.name} has no expectations to check")
+    return CompareOutcome(records, report, files, failed if check else [])

@@ -1,0 +1,203 @@
+"""`specrag compare`: suites, the statistics, the report and a real comparison on the demo data."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specrag.evaluation.compare_report import pareto_svg, render_html, render_markdown
+from specrag.evaluation.stats import paired_bootstrap_ci, pareto_front
+from specrag.pipelines.compare import check_expectations, run_compare
+from specrag.pipelines.suite import load_suite, slug
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _suite(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+name: t
+flags: {threads: 1, model: [generator=smollm2-135m-instruct], runner: FnApiRunner}
+datasets:
+  - {name: demo, queries: demo, index: {corpus: demo}, limit: 6, flags: {max_in_flight: 1}}
+methods:
+  - {label: no retrieval, method: no-retrieval}
+  - label: standard RAG
+    method: standard
+    set: {top_k: 2}
+    flags: {model: [generator=gemma3-270m], max_in_flight: 4}
+    baselines: [no retrieval]
+expect:
+  - {dataset: demo, method: standard RAG, metric: contains, value: 50, tolerance: 50}
+"""
+
+
+def test_suite_loads_and_merges_flags_suite_then_dataset_then_method(tmp_path):
+    suite = load_suite(_suite(tmp_path, GOOD))
+    d, m = suite.datasets[0], suite.method("standard RAG")
+    assert d.limit == 6 and d.corpus == "demo" and d.index is None
+    flags = suite.job_flags(d, m)
+    assert flags[:2] == ["--method", "standard"]
+    pairs = list(zip(flags[2::2], flags[3::2]))
+    # repeated flags append (the method's generator comes last, so it wins); single ones are replaced
+    assert [v for k, v in pairs if k == "--model"] == ["generator=smollm2-135m-instruct", "generator=gemma3-270m"]
+    assert [v for k, v in pairs if k == "--max_in_flight"] == ["4"] and ("--set", "top_k=2") in pairs
+    assert slug("Standard RAG (verifier, 8x7B)") == "standard-rag-verifier-8x7b"
+
+
+def test_suite_mistakes_are_reported_together_before_any_job(tmp_path):
+    bad = """
+name: t
+flags: {output: x}
+datasets:
+  - {name: demo, queries: demo, limit: -1}
+  - {name: demo, queries: demo}
+methods:
+  - {label: a, method: no-such-method}
+  - {label: b, method: standard, set: {top_k: many}}
+  - {label: c, method: standard, set: {no_such_setting: 1}, baselines: [zzz]}
+  - {label: c, method: standard}
+expect:
+  - {dataset: demo, method: nobody, metric: em, value: 1, tolerance: 1}
+  - {dataset: demo, method: c}
+headline: {short_form: accuracy}
+"""
+    with pytest.raises(ValueError) as e:
+        load_suite(_suite(tmp_path, bad))
+    text = str(e.value)
+    for needle in ("flags ['output'] are set by the suite", "limit must be", "unknown method 'no-such-method'",
+                   "top_k expects an integer", "no setting 'no_such_setting'", "baseline 'zzz'",
+                   "duplicate method labels ['c']", "duplicate dataset names ['demo']", "method 'nobody'",
+                   "needs dataset, method, metric, value and tolerance", "'accuracy' is not a metric"):
+        assert needle in text, needle
+
+
+def test_pareto_front_keeps_what_nothing_beats_on_both():
+    points = [(1.0, 10.0), (2.0, 30.0), (1.5, 5.0), (3.0, 30.0), (4.0, 40.0), (1.0, 10.0)]
+    assert pareto_front(points) == [0, 1, 4]  # (1.5, 5) and (3, 30) are beaten; the tie keeps the first
+    assert pareto_front([]) == []
+
+
+def test_paired_bootstrap_interval():
+    assert paired_bootstrap_ci([[1, 0, 1]], [[1, 0, 1]]) == (0.0, 0.0)
+    a, b = [1] * 30 + [0] * 10, [0] * 40
+    lo, hi = paired_bootstrap_ci([a], [b])
+    assert lo < 75.0 < hi and lo > 50
+    with pytest.raises(ValueError, match="same questions"):
+        paired_bootstrap_ci([[1, 0]], [[1]])
+
+
+def _report(expect=()) -> dict:
+    rows = {"no retrieval": {"method": "no retrieval", "n": 4, "contains": 25.0, "headline_metric": "contains",
+                             "mean_latency_s": 0.5, "task_type": "short_form", "models": "generator=x"},
+            "standard RAG": {"method": "standard RAG", "n": 4, "contains": 75.0, "headline_metric": "contains",
+                             "mean_latency_s": 1.0, "task_type": "short_form", "models": "generator=x"}}
+    return {"suite": {"name": "t", "description": "d", "path": "s.yaml"}, "generated": "now", "datasets": ["demo"],
+            "rows": {"demo": rows},
+            "baselines": {"demo": [{"method": "standard RAG", "baseline": "no retrieval", "metric": "contains",
+                                    "n": 4, "difference": 50.0, "ci95": [0.0, 100.0], "latency_ratio": 2.0}]},
+            "pareto": {"demo": {"metric": "contains", "front": ["no retrieval", "standard RAG"],
+                                "points": [{"method": k, "latency_s": r["mean_latency_s"], "quality": r["contains"]}
+                                           for k, r in rows.items()]}},
+            "examples": {"demo": {}}, "manifests": {"demo": {}}, "expectations": list(expect)}
+
+
+def test_expectations_fail_outside_their_tolerance(tmp_path):
+    suite = load_suite(_suite(tmp_path, GOOD))
+    report = _report()
+    report["rows"]["demo"]["standard RAG"]["contains"] = 100.0
+    checked, failed = check_expectations(suite, report)
+    assert checked[0]["ok"] and not failed
+    report["rows"]["demo"]["standard RAG"]["contains"] = 100.5
+    checked, failed = check_expectations(suite, report)
+    assert not checked[0]["ok"] and "contains = 100.5 is outside 50.0 ± 50.0" in failed[0]
+    del report["rows"]["demo"]["standard RAG"]["contains"]  # not measured: fails too
+    assert check_expectations(suite, report)[1]
+
+
+def test_report_renders_tables_front_and_plot_offline():
+    report = _report()
+    md = render_markdown(report)
+    assert "| standard RAG | 4 |" in md and "Pareto front (contains against mean latency): no retrieval → standard RAG" in md
+    assert "+50.00 | [+0.00, +100.00] | 2.000" in md
+    page = render_html(report)
+    assert page.count("<svg") == 1 and page.count('class="on-front"') == 2 and page.count('<tr class="front"') == 2 and "pareto-front" in page
+    # self-contained: no script, stylesheet, font or image from anywhere else
+    assert "<script" not in page and "src=" not in page and "<link" not in page and "@import" not in page
+    svg = pareto_svg([{"method": "a", "latency_s": 0.01, "quality": 10.0},
+                      {"method": "b", "latency_s": 5.0, "quality": 50.0}], ["a", "b"], "em")
+    assert "log scale" in svg and svg.count("<circle") == 2
+
+
+@pytest.mark.slow
+def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
+    """Two real answer jobs (Beam, SmolLM2) on six demo questions, the report, then a rerun that
+    reuses both runs, and --check against expectations that do and do not hold."""
+    suite_text = GOOD.replace("generator=gemma3-270m", "generator=smollm2-135m-instruct")
+    path = _suite(tmp_path, suite_text)
+    outcome = run_compare(path, tmp_path / "work", check=True)
+    assert [r.status for r in outcome.records] == ["ran", "ran"]
+    rows = outcome.report["rows"]["demo"]
+    for r in rows.values():
+        assert r["n"] == 6 and r["dead_letters"] == 0 and r["missing"] == 0
+        assert r["mean_latency_s"] > 0 and r["p95_latency_s"] >= r["p50_latency_s"] and r["queries_per_s"] > 0
+        assert r["model_calls_per_q"] >= 1 and r["prompt_tokens_per_q"] > 0
+    assert rows["no retrieval"]["in_flight"] == 1 and rows["standard RAG"]["in_flight"] == 4  # dataset, method flags
+    assert rows["no retrieval"]["retrieval_calls_per_q"] == 0 and rows["standard RAG"]["retrieval_calls_per_q"] == 1
+    [comparison] = outcome.report["baselines"]["demo"]
+    assert comparison["n"] == 6 and comparison["ci95"][0] <= comparison["difference"] <= comparison["ci95"][1]
+    examples = outcome.report["examples"]["demo"]["standard RAG"]
+    shown = [x for x in examples.values() if x]
+    assert shown and all(x["retrieval"][0]["passages"][0]["text"] for x in shown)  # passages from the index
+    assert rows["standard RAG"]["headline_metric"] == "contains"  # the first six demo questions are short-form
+    assert outcome.failed_expectations == [] if 0 <= rows["standard RAG"]["contains"] <= 100 else False
+    for f in ("markdown", "html", "json", "svg:demo"):
+        assert Path(outcome.files[f]).stat().st_size > 0
+    manifest = json.loads((tmp_path / "work" / "runs" / "demo" / "standard-rag" / "manifest.json").read_text())
+    assert manifest["suite"] == "t" and manifest["suite_label"] == "standard RAG"
+
+    measured = rows["standard RAG"]["contains"]
+    wrong = suite_text.replace("value: 50, tolerance: 50", f"value: {measured + 10}, tolerance: 1")
+    outcome2 = run_compare(_suite(tmp_path, wrong), tmp_path / "work", check=True)
+    assert [r.status for r in outcome2.records] == ["reused", "reused"]  # same identities: nothing runs again
+    assert outcome2.report["rows"]["demo"]["standard RAG"]["contains"] == measured
+    assert len(outcome2.failed_expectations) == 1 and "outside" in outcome2.failed_expectations[0]
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("headless Chromium is missing: `make test` installs Debian's chromium package")
+    return path
+
+
+@pytest.mark.slow
+def test_report_screenshot_in_headless_chromium_shows_tables_and_plot(tmp_path):
+    from PIL import Image
+    page = tmp_path / "compare.html"
+    page.write_text(render_html(_report()))
+    shot = tmp_path / "shot.png"
+    args = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1400", "--hide-scrollbars"]
+    subprocess.run([*args, f"--screenshot={shot}", page.as_uri()], check=True, capture_output=True, timeout=120)
+    dom = subprocess.run([*args, "--dump-dom", page.as_uri()], check=True, capture_output=True, text=True,
+                         timeout=120).stdout
+    assert dom.count("<table") >= 2 and "<svg" in dom and "Pareto front" in dom
+    image = Image.open(shot).convert("RGB")
+    pixels = list(image.getdata())
+
+    def near(color, tol=24):
+        return sum(1 for p in pixels if all(abs(a - b) <= tol for a, b in zip(p, color)))
+    assert near((0xf3, 0xf3, 0xf3), 2) > 2000  # table header cells
+    assert near((0xd6, 0x27, 0x28)) > 150  # the front's markers and line
+    assert near((0x33, 0x33, 0x33), 10) > 300  # the plot's axes
+    dark = sum(1 for p in pixels if sum(p) < 200)
+    assert dark > 3000  # text
