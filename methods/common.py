@@ -1,9 +1,12 @@
 """Stages shared by several methods: retrieve for the question, generate the final answer."""
 from __future__ import annotations
 
+import asyncio
+import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
-from specrag.inference.types import GenerateRequest
+from specrag.inference.types import GenerateRequest, ScoreRequest
 from specrag.methods.base import QueryState
 from specrag.methods.prompts import (MAX_NEW_TOKENS, STOP, aed_context, aed_prompt, build_prompt, extract_choice,
                                      extract_label, extract_short_answer)
@@ -39,6 +42,56 @@ def finalise_answer(item: QueryState, output: str) -> QueryState:
     return item
 
 
+# Closed-set tasks (multiple choice, claim verification): "score" ranks the options by the
+# log-probability of each label as the model's reply to the prompt (the convention of evaluation
+# harnesses); "generate" parses the label from free text (small models often never say it).
+CLOSED_SET_MODES = ("score", "generate")
+CLAIM_LABELS = ("true", "false")
+
+
+def check_closed_set(mode: str) -> None:
+    if mode not in CLOSED_SET_MODES:
+        raise ValueError(f"closed_set must be one of {CLOSED_SET_MODES}, got {mode!r}")
+
+
+def option_labels(query: dict) -> list[str] | None:
+    """The labels a closed-set query chooses among (None for open tasks)."""
+    if query["task_type"] == "multiple_choice":
+        return list(query.get("choice_labels") or []) or None
+    if query["task_type"] == "claim_verification":
+        return list(query.get("choice_labels") or CLAIM_LABELS)
+    return None
+
+
+def _surface_forms(label: str) -> list[str]:
+    """A word label in both casings ("true", "True"): the casing the model prefers must not decide."""
+    return sorted({label, label[:1].upper() + label[1:]}) if len(label) > 1 else [label]
+
+
+async def score_options(ctx, prompt: str, labels: Sequence[str], model: str = "generator") -> list[float]:
+    """log P(label | prompt) per option, as the first words of the model's reply (the chat
+    template applied, as for generation), summed over the label's surface forms."""
+    forms = [_surface_forms(lab) for lab in labels]
+    flat = [f for fs in forms for f in fs]
+    scored = await asyncio.gather(*(ctx.score(ScoreRequest(prompt, f, chat=True), model=model) for f in flat))
+    totals = iter(s.total for s in scored)
+    out = []
+    for fs in forms:
+        lps = [next(totals) for _ in fs]
+        top = max(lps)
+        out.append(top + math.log(sum(math.exp(lp - top) for lp in lps)))
+    return out
+
+
+def choose_option(item: QueryState, labels: Sequence[str], logprobs: Sequence[float]) -> QueryState:
+    """The most probable option is the choice (ties: the first); the output records every score."""
+    best = max(range(len(labels)), key=lambda i: (logprobs[i], -i))
+    item.choice = item.answer = labels[best]
+    item.raw_output = f"{labels[best]} (log-probabilities: " + ", ".join(
+        f"{lab} {lp:.3f}" for lab, lp in zip(labels, logprobs)) + ")"
+    return item
+
+
 @dataclass
 class Generate:
     """One generation with the state's documents (none for no-retrieval) in the prompt."""
@@ -46,6 +99,7 @@ class Generate:
     max_new_tokens: int | None = None  # None: the task type's default
     batch_invariant: bool = False
     prompt: str = "default"  # or "aed": AED-RAG's template (short-form questions)
+    closed_set: str = "generate"  # or "score": see CLOSED_SET_MODES
     name: str = "Generate"
 
     async def run(self, item: QueryState, ctx) -> QueryState:
@@ -54,6 +108,9 @@ class Generate:
             text = aed_prompt(aed_context([passage_text(d.title, d.text) for d in item.docs]), q["question"])
         else:
             text = build_prompt(q, item.docs)
+        labels = option_labels(q) if self.closed_set == "score" else None
+        if labels:
+            return choose_option(item, labels, await score_options(ctx, text, labels))
         # the AED template makes small models open with a "### Output:" line: no stop at a newline
         request = GenerateRequest(text, stop=() if self.prompt == "aed" else STOP[q["task_type"]],
                                   max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]],

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specrag.inference.capabilities import EMBED, GENERATE, SCORE
-from specrag.inference.types import GenerateRequest, ScoreRequest
+from specrag.inference.types import GenerateRequest, Generation, ScoreRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
-from specrag.methods.common import Retrieve, finalise_answer
+from specrag.methods.common import Retrieve, check_closed_set, finalise_answer, option_labels, score_options
 from specrag.methods.prompts import MAX_NEW_TOKENS, STOP, build_prompt, task_input
 from specrag.methods.subsets import SUBSET_MODES, query_seed, sample_subsets
 
@@ -46,12 +46,16 @@ class SpeculativeRAGConfig(MethodConfig):
     length_normalize: bool = False
     # decode each draft alone: drafts then do not depend on what shares their batch (slower)
     batch_invariant: bool = False
+    # closed-set tasks: each draft's answer is the option the drafter scores highest on its
+    # subset (log P(label) is that part of rho_draft), or "generate": parsed from free text
+    closed_set: str = "score"
 
     def __post_init__(self):  # --set scores=draft,sc or a JSON list: stored as a tuple
         scores = self.scores.split(",") if isinstance(self.scores, str) else self.scores
         object.__setattr__(self, "scores", tuple(s.strip() for s in scores if s.strip()))
 
     def validate(self) -> None:
+        check_closed_set(self.closed_set)
         if self.top_k < 1 or self.drafts < 1 or self.docs_per_draft < 1:
             raise ValueError("top_k, drafts and docs_per_draft must be >= 1")
         if self.docs_per_draft > self.top_k:
@@ -85,6 +89,7 @@ class DraftRecord:
     rho_sr: float | None = None  # log P("Yes" | Q, answer, rationale, R) under the verifier
     draft_tokens: int = 0
     sc_tokens: int = 0
+    option_logprobs: list[float] = field(default_factory=list)  # closed-set: log P(label | Q, subset) per option
     score: float | None = None  # the combined score the selection used (None: random selection)
 
     @property
@@ -186,9 +191,18 @@ class Draft:
         state = item.state_of(SpeculativeRAGState)
         docs = [item.docs[i] for i in state.subset]
         prompt = build_prompt(q, docs)
-        first = await ctx.generate(GenerateRequest(
-            prompt, stop=STOP[q["task_type"]], max_new_tokens=c.answer_max_new_tokens or MAX_NEW_TOKENS[q["task_type"]],
-            batch_invariant=c.batch_invariant), model="drafter")
+        labels = option_labels(q) if c.closed_set == "score" else None
+        option_lps: list[float] = []
+        if labels:  # the answer part is the drafter's most probable option
+            option_lps = await score_options(ctx, prompt, labels, model="drafter")
+            best = max(range(len(labels)), key=lambda i: (option_lps[i], -i))
+            ids = ctx.tokenize(labels[best], model="drafter")
+            first = Generation(labels[best], list(ids), [option_lps[best]] + [0.0] * (len(ids) - 1), 0, "stop")
+        else:
+            first = await ctx.generate(GenerateRequest(
+                prompt, stop=STOP[q["task_type"]],
+                max_new_tokens=c.answer_max_new_tokens or MAX_NEW_TOKENS[q["task_type"]],
+                batch_invariant=c.batch_invariant), model="drafter")
         answer_ids = list(first.token_ids)
         rationale_text, rationale_lp, second = "", [], None
         if first.text.strip() and c.rationale_max_new_tokens:
@@ -204,7 +218,7 @@ class Draft:
             index=item.part, doc_ids=[d.doc_id for d in docs], raw=first.text + RATIONALE_PREFIX + rationale_text,
             answer=answer, rationale=rationale, parsed=status,
             rho_draft=float(sum(first.token_logprobs) + sum(rationale_lp)),
-            draft_tokens=len(answer_ids) + (len(second.token_ids) if second else 0))
+            draft_tokens=len(answer_ids) + (len(second.token_ids) if second else 0), option_logprobs=option_lps)
         return item
 
 
@@ -250,7 +264,7 @@ class Select:
 class SpeculativeRAG(Method):
     name = "speculative-rag"
     config_class = SpeculativeRAGConfig
-    needs = {"drafter": (GENERATE,), "verifier": (SCORE,), "embedder": (EMBED,)}
+    needs = {"drafter": (GENERATE, SCORE), "verifier": (SCORE,), "embedder": (EMBED,)}
     needs_retriever = True
     state_class = SpeculativeRAGState
     trace_class = SpeculativeRAGTrace

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specrag.inference.capabilities import EMBED, GENERATE
+from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.types import GenerateRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
-from specrag.methods.common import Retrieve, finalise_tokens
+from specrag.methods.common import Retrieve, check_closed_set, finalise_tokens, option_labels, score_options
 from specrag.methods.prompts import MAX_NEW_TOKENS, STOP, build_prompt
 from specrag.methods.subsets import SUBSET_MODES, query_seed, sample_subsets
 
@@ -38,8 +38,12 @@ class SPSConfig(MethodConfig):
     selection: str = "self_consistency"  # ablation: random
     subset_mode: str = "multi_perspective"  # ablation: random
     seed: int = 0
+    # closed-set tasks: one stage whose candidates are the options each subset scores highest,
+    # kept by the same self-consistency (a majority vote), or "generate": parsed from free text
+    closed_set: str = "score"
 
     def validate(self) -> None:
+        check_closed_set(self.closed_set)
         for name in ("top_k", "groups", "candidates", "chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -87,6 +91,7 @@ class SPSStage:
     subsets: list[list[str]] = field(default_factory=list)
     candidates: list[str] = field(default_factory=list)
     similarity: list[float] = field(default_factory=list)  # Σ_i cos U_ij per candidate ([] for random)
+    option_logprobs: list[list[float]] = field(default_factory=list)  # closed-set: per candidate, per option
     chosen: int = 0
     next_retrieval: NextRetrieval | None = None
 
@@ -112,6 +117,9 @@ class StagedLoop:
         clock = time.perf_counter
         t0 = clock()
         docs = item.docs  # RET_0: the question's documents (Retrieve stage), for chunks 1 and 2
+        labels = option_labels(q) if c.closed_set == "score" else None
+        if labels:
+            return await self._choose_option(item, ctx, docs, labels, rng)
         docs_query = q["question"]
         answer: list[int] = []
         stages: list[SPSStage] = []
@@ -151,6 +159,34 @@ class StagedLoop:
                 info.used = True
         return finalise_tokens(item, ctx, answer, SPSTrace(stages=stages))
 
+    async def _choose_option(self, item, ctx, docs, labels, rng) -> QueryState:
+        """A closed-set answer is one stage: each subset's candidate is the option it scores
+        highest; the most consistent candidate (embedding similarity: the majority) is the choice."""
+        c, q = self.config, item.query
+        sampled = sample_subsets(await self._doc_vectors(ctx, docs), c.groups, c.candidates,
+                                 int(rng.integers(2 ** 63)), c.subset_mode)
+        t0 = time.perf_counter()
+        scores = await asyncio.gather(*(score_options(ctx, build_prompt(q, [docs[i] for i in sub]), labels)
+                                        for sub in sampled.subsets))
+        candidates = [labels[max(range(len(labels)), key=lambda i: (lps[i], -i))] for lps in scores]
+        if c.selection == "random":
+            chosen, sims = int(rng.integers(len(candidates))), []
+        else:
+            chosen, sims = most_consistent(await ctx.embed(candidates))
+        record = SPSStage(stage=1, doc_ids=[d.doc_id for d in docs], docs_query=q["question"], gen_end=time.perf_counter() - t0,
+                          subsets=[[docs[i].doc_id for i in sub] for sub in sampled.subsets], candidates=candidates,
+                          similarity=sims, chosen=chosen, option_logprobs=[list(lps) for lps in scores])
+        item.trace.method = SPSTrace(stages=[record])
+        item.choice = item.answer = candidates[chosen]
+        item.raw_output = f"{candidates[chosen]} (candidates: {', '.join(candidates)})"
+        return item
+
+    @staticmethod
+    async def _doc_vectors(ctx, docs) -> np.ndarray:
+        if not docs:
+            return np.zeros((0, 1), dtype=np.float32)
+        return np.asarray(await ctx.embed([f"{d.title}: {d.text}" if d.title else d.text for d in docs]))
+
     async def _retrieve(self, ctx, info: NextRetrieval, t0: float):
         hits = await ctx.retrieve(info.query, self.config.top_k, stage=self.name)
         info.end = time.perf_counter() - t0
@@ -159,11 +195,7 @@ class StagedLoop:
 
     async def _candidates(self, item, ctx, docs, answer, budget, rng):
         c, q = self.config, item.query
-        if docs:
-            vectors = await ctx.embed([f"{d.title}: {d.text}" if d.title else d.text for d in docs])
-        else:
-            vectors = np.zeros((0, 1), dtype=np.float32)
-        sampled = sample_subsets(vectors, c.groups, c.candidates, int(rng.integers(2 ** 63)), c.subset_mode)
+        sampled = sample_subsets(await self._doc_vectors(ctx, docs), c.groups, c.candidates, int(rng.integers(2 ** 63)), c.subset_mode)
         requests = [GenerateRequest(build_prompt(q, [docs[i] for i in s]), max_new_tokens=budget,
                                     stop=STOP[q["task_type"]], continuation_ids=tuple(answer)) for s in sampled.subsets]
         return sampled.subsets, list(await asyncio.gather(*(ctx.generate(r) for r in requests)))
@@ -172,7 +204,7 @@ class StagedLoop:
 class SPS(Method):
     name = "sps"
     config_class = SPSConfig
-    needs = {"generator": (GENERATE,), "embedder": (EMBED,)}
+    needs = {"generator": (GENERATE, SCORE), "embedder": (EMBED,)}
     needs_retriever = True
     trace_class = SPSTrace
 

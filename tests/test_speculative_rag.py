@@ -122,11 +122,17 @@ def test_selected_draft_is_the_argmax_of_the_recorded_scores(speculative_run):
         assert s.answer and drafts[best].answer
         # one retrieval for the query; 5 drafts x (answer + rationale) drafter calls; 5 verifier passes
         assert s.trace.counts["retrieval_calls"] == 1
-        assert s.trace.counts["score_calls"] == sum(d.parsed != "empty" for d in drafts)
+        # closed-set drafts score their options first: 4 letters, or true/false in both casings
+        options = 0 if s.query["task_type"] == "short_form" else 4 * len(drafts)
+        assert s.trace.counts["score_calls"] == sum(d.parsed != "empty" for d in drafts) + options
         clusters = s.trace.method.clusters
         assert sorted(itertools.chain(*clusters)) == sorted(s.trace.retrieved[0]["doc_ids"])
     closed = [s for s in done if s.query["task_type"] != "short_form"]
-    assert all(s.choice in (s.query.get("choice_labels") or ["true", "false"]) for s in closed if s.choice)
+    for s in closed:  # every draft's answer is its best-scored option; the choice is the chosen draft's
+        labels = s.query.get("choice_labels") or ["true", "false"]
+        for d in s.trace.method.drafts:
+            assert d.answer == labels[max(range(len(labels)), key=lambda i: (d.option_logprobs[i], -i))]
+        assert s.choice == s.trace.method.drafts[s.trace.method.chosen_draft].answer
 
 
 def test_ablations_change_only_what_they_name(speculative_run, pooled_bm25, generator, scorer, embedder):
