@@ -26,6 +26,7 @@ from specrag.pipelines.options import pipeline_options
 from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.sinks import WriteParquetShards
+from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
 from specrag.transforms.records import result_row
 from specrag.transforms.runtime import RuntimeConfig
 from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
@@ -115,11 +116,13 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     name, fp = job.method.name, fingerprint or run_fingerprint(run_identity(job))
     (keyed
      | "ToResultRows" >> beam.Map(_result_row, name, fp)
+     | "ProgressAnswered" >> CountProgress(progress_dir(out), "done")
      | "WriteResults" >> WriteParquetShards(join(out, f"results-{attempt:03d}"), job.method.results_schema(),
                                             job.shard_rows, counter="results"))
     (dead
      | "FlattenDeadLetters" >> beam.Flatten()
      | "CountDeadLetters" >> beam.Map(_count_dead)
+     | "ProgressDead" >> CountProgress(progress_dir(out), "dead")
      | "WriteDeadLetters" >> WriteParquetShards(join(out, f"dead_letters-{attempt:03d}"), DEAD_LETTERS,
                                                 job.shard_rows, counter="dead_letters"))
 
@@ -195,8 +198,12 @@ def run_answer(job: AnswerJob) -> dict:
     started = time.time()
     p = beam.Pipeline(options=pipeline_options(job.beam_args))
     build_answer_pipeline(p, job, done, attempt, fingerprint)
-    result = p.run()
-    result.wait_until_finish()
+    total = count_rows(expand_inputs(job.queries))
+    if total is not None and done:
+        total = max(0, total - count_ids(done, "id"))
+    with watch_progress(f"answer {job.method.name}", out, total):
+        result = p.run()
+        result.wait_until_finish()
     counters = job_counters(result, NAMESPACE)
     failed, inputs = _failure_share(out, attempt, counters)
     manifest = write_manifest(out, {

@@ -27,6 +27,7 @@ from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_passage
 from specrag.transforms import files
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
 from specrag.transforms.runtime import load_backend
 from specrag.transforms.validate import ValidateRows
 
@@ -60,12 +61,15 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     files.remove_tree(files.join(out, "entries"))
     files.delete(files.match_files(files.join(out, "dead_letters*")))
     started = time.time()
-    with beam.Pipeline(options=pipeline_options(beam_args)) as p:
+    progress = progress_dir(out)
+    with watch_progress("build-datastore", out, count_rows(inputs), unit="passages"), \
+            beam.Pipeline(options=pipeline_options(beam_args)) as p:
         valid, dead = (p | "ReadCorpus" >> ReadParquetRows(corpus)
                        | "ValidatePassages" >> ValidateRows(validate_passage))
-        dead | "WriteDeadLetters" >> WriteToParquet(files.join(out, "dead_letters"), DEAD_LETTERS,
+        dead | "ProgressDead" >> CountProgress(progress, "dead") | "WriteDeadLetters" >> WriteToParquet(files.join(out, "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")
         (valid
+         | "ProgressPassages" >> CountProgress(progress, "done")  # one by one into the fused batching stage
          | "BatchPassages" >> beam.BatchElements(min_batch_size=8, max_batch_size=32)
          | "ContextStates" >> beam.ParDo(ContextStates(model, num_threads, max_tokens, dtype))
          | "WriteEntries" >> WriteToParquet(files.join(out, "entries", "part"), ENTRIES, file_name_suffix=".parquet"))

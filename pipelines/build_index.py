@@ -30,6 +30,7 @@ from specrag.schemas.validation import validate_passage
 from specrag.transforms import files
 from specrag.transforms.model_handler import BackendModelHandler
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
 from specrag.transforms.validate import ValidateRows
 
 EMBEDDINGS = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32()))])
@@ -57,9 +58,14 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     files.remove_tree(files.join(index_dir, "embeddings"))
     files.delete(files.match_files(files.join(index_dir, "dead_letters*")))
     started = time.time()
-    with beam.Pipeline(options=pipeline_options(beam_args)) as p:
+    progress = progress_dir(index_dir)
+    with watch_progress("build-index", index_dir, count_rows(inputs), unit="passages"), \
+            beam.Pipeline(options=pipeline_options(beam_args)) as p:
         rows = p | "ReadCorpus" >> ReadParquetRows(corpus)
         valid, dead = rows | "ValidatePassages" >> ValidateRows(validate_passage)
+        dead = dead | "ProgressDead" >> CountProgress(progress, "dead")
+        if not dense:  # the passages are the work
+            valid = valid | "ProgressPassages" >> CountProgress(progress, "done")
         valid | "WritePassages" >> WriteToParquet(files.join(index_dir, "shards", "passages"), PASSAGES,
                                                   file_name_suffix=".parquet")
         dead | "WriteDeadLetters" >> WriteToParquet(files.join(index_dir, "dead_letters"), DEAD_LETTERS,
@@ -68,6 +74,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
             (valid
              | "TextById" >> beam.Map(lambda r: (r["id"], passage_text(r["title"], r["text"])))
              | "Embed" >> RunInference(KeyedModelHandler(handler))
+             | "ProgressEmbedded" >> CountProgress(progress, "done")
              | "ToVectorRows" >> beam.Map(_vector_row)
              | "WriteEmbeddings" >> WriteToParquet(files.join(index_dir, "embeddings", "part"), EMBEDDINGS,
                                                    file_name_suffix=".parquet"))

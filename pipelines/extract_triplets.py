@@ -23,6 +23,7 @@ from specrag.schemas.validation import validate_passage
 from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.sinks import WriteParquetShards
+from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
 from specrag.transforms.triplets import (NAMESPACE, ExtractorConfig, TripletModelHandler, WriteTripletShards,
                                          split_outcomes, to_passage)
 from specrag.transforms.validate import ReadIds, ValidateRows
@@ -100,11 +101,13 @@ def build_extract_pipeline(p: beam.Pipeline, job: ExtractJob, finished_files: li
                | "ToPassages" >> beam.Map(to_passage)
                | "Extract" >> RunInference(handler))
     done, failed = split_outcomes(results)
-    done | "WriteTriplets" >> WriteTripletShards(job.output, job.extractor.extractor, job.shard_passages)
+    (done | "ProgressExtracted" >> CountProgress(progress_dir(job.output), "done")
+     | "WriteTriplets" >> WriteTripletShards(job.output, job.extractor.extractor, job.shard_passages))
     dead = [failed, rejected | "CountRejected" >> beam.Map(_count_rejected)]
     if reader.bad:
         dead.append(reader.dead_letters(p) | "CountUnreadable" >> beam.Map(_count_rejected))
     (dead | "AllDeadLetters" >> beam.Flatten()
+     | "ProgressDead" >> CountProgress(progress_dir(job.output), "dead")
      | "WriteDeadLetters" >> WriteParquetShards(join(job.output, "dead_letters"), DEAD_LETTERS,
                                                 max_rows=10000, counter="dead_letter_rows"))
 
@@ -127,8 +130,12 @@ def run_extract_triplets(job: ExtractJob) -> dict:
     started = time.time()
     p = beam.Pipeline(options=pipeline_options(job.beam_args))
     build_extract_pipeline(p, job, finished)
-    result = p.run()
-    result.wait_until_finish()
+    total = count_rows(expand_inputs(job.corpus))
+    if total is not None and finished:
+        total = max(0, total - count_ids(finished, "passage_id"))
+    with watch_progress("extract-triplets", job.output, total, unit="passages"):
+        result = p.run()
+        result.wait_until_finish()
     wall = time.time() - started
     counters = job_counters(result, NAMESPACE)
     passages = counters.get("passages", 0)
