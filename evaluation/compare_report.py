@@ -172,10 +172,13 @@ def build_report(suite, records) -> dict:
                 lo, hi = paired_bootstrap_ci([x], [y])
                 la = sum(a[i]["latency"] for i in common) / len(common)
                 lb = sum(ref[i]["latency"] for i in common) / len(common)
+                # identical answers: an exact method (RaLMSpec) must equal its sequential baseline
+                same = sum((a[i]["row"].get("answer") or "") == (ref[i]["row"].get("answer") or "") for i in common)
                 comparisons.append({"method": m.label, "baseline": b, "metric": rows[m.label]["headline_metric"],
                                     "n": len(common), "difference": round(100 * (sum(x) - sum(y)) / len(common), 2),
-                                    "ci95": [round(lo, 2), round(hi, 2)],
-                                    "latency_ratio": round(la / lb, 3) if lb > 0 else None})
+                                    "ci95": [round(lo, 2), round(hi, 2)], "same_answers": same,
+                                    "latency_ratio": round(la / lb, 3) if lb > 0 else None,
+                                    "speedup": round(lb / la, 3) if la > 0 else None})
         report["baselines"][dataset.name] = comparisons
         # the Pareto front: mean latency (lower is better) against the headline metric
         plotted = [(label, rows[label]["mean_latency_s"], rows[label].get(rows[label]["headline_metric"]))
@@ -267,9 +270,11 @@ def render_markdown(report: dict) -> str:
             lines += markdown_table([{"method": c["method"], "baseline": c["baseline"], "metric": c["metric"],
                                       "n": c["n"], "difference": f"{c['difference']:+.2f}",
                                       "95% interval": f"[{c['ci95'][0]:+.2f}, {c['ci95'][1]:+.2f}]",
-                                      "latency ratio": _fmt(c["latency_ratio"])} for c in comps],
+                                      "same answers": f"{c.get('same_answers', '—')}/{c['n']}",
+                                      "latency ratio": _fmt(c["latency_ratio"]), "speed-up": _fmt(c.get("speedup"))}
+                                     for c in comps],
                                     ["method", "baseline", "metric", "n", "difference", "95% interval",
-                                     "latency ratio"])
+                                     "same answers", "latency ratio", "speed-up"])
         pareto = report["pareto"].get(dataset) or {}
         if pareto.get("front"):
             lines += ["", f"Pareto front ({pareto['metric']} against mean latency): " + " → ".join(pareto["front"]),
@@ -385,11 +390,12 @@ def render_html(report: dict) -> str:
         if comps:
             parts.append('<h3>Against each method\'s baselines</h3><table class="baselines"><tr><th>method</th>'
                          "<th>baseline</th><th>metric</th><th>n</th><th>difference</th><th>95% interval</th>"
-                         "<th>latency ratio</th></tr>")
+                         "<th>same answers</th><th>latency ratio</th><th>speed-up</th></tr>")
             for c in comps:
                 parts.append(f"<tr><td>{e(c['method'])}</td><td>{e(c['baseline'])}</td><td>{e(c['metric'])}</td>"
                              f"<td>{c['n']}</td><td>{c['difference']:+.2f}</td><td>[{c['ci95'][0]:+.2f}, "
-                             f"{c['ci95'][1]:+.2f}]</td><td>{e(_fmt(c['latency_ratio']))}</td></tr>")
+                             f"{c['ci95'][1]:+.2f}]</td><td>{c.get('same_answers', '—')}/{c['n']}</td>"
+                             f"<td>{e(_fmt(c['latency_ratio']))}</td><td>{e(_fmt(c.get('speedup')))}</td></tr>")
             parts.append("</table>")
         if pareto.get("points"):
             parts.append(f"<h3>{e(pareto['metric'])} against latency</h3><figure>"

@@ -102,7 +102,8 @@ def _report(expect=()) -> dict:
     return {"suite": {"name": "t", "description": "d", "path": "s.yaml"}, "generated": "now", "datasets": ["demo"],
             "rows": {"demo": rows},
             "baselines": {"demo": [{"method": "standard RAG", "baseline": "no retrieval", "metric": "contains",
-                                    "n": 4, "difference": 50.0, "ci95": [0.0, 100.0], "latency_ratio": 2.0}]},
+                                    "n": 4, "difference": 50.0, "ci95": [0.0, 100.0], "same_answers": 1,
+                                    "latency_ratio": 2.0, "speedup": 0.5}]},
             "pareto": {"demo": {"metric": "contains", "front": ["no retrieval", "standard RAG"],
                                 "points": [{"method": k, "latency_s": r["mean_latency_s"], "quality": r["contains"]}
                                            for k, r in rows.items()]}},
@@ -126,7 +127,7 @@ def test_report_renders_tables_front_and_plot_offline():
     report = _report()
     md = render_markdown(report)
     assert "| standard RAG | 4 |" in md and "Pareto front (contains against mean latency): no retrieval → standard RAG" in md
-    assert "+50.00 | [+0.00, +100.00] | 2.000" in md
+    assert "+50.00 | [+0.00, +100.00] | 1/4 | 2.000 | 0.500" in md
     page = render_html(report)
     assert page.count("<svg") == 1 and page.count('class="on-front"') == 2 and page.count('<tr class="front"') == 2 and "pareto-front" in page
     # self-contained: no script, stylesheet, font or image from anywhere else

@@ -369,7 +369,14 @@ def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_tho
         resumed = subprocess.run(_answer_cmd(demo_tables[0], out, demo_index, again, "--resume"),
                                  capture_output=True, text=True, timeout=900)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert _metric(again, "nv_inference_request_success", "generator") == len(dead)  # only the missing ones
+        # only the missing ones: a generation per open question, a score per option surface form
+        # (generator_scorer: closed-set tasks score their labels with the generator's weights)
+        from specrag.methods.common import _surface_forms, option_labels
+        queries = {q["id"]: q for q in pq.read_table(demo_tables[0]).to_pylist()}
+        redone = [queries[d["id"]] for d in dead]
+        scores = sum(len(_surface_forms(lab)) for q in redone for lab in option_labels(q) or [])
+        assert _metric(again, "nv_inference_request_success", "generator") == sum(not option_labels(q) for q in redone)
+        assert _metric(again, "nv_inference_request_success", "generator_scorer") == scores
     finally:
         again.stop()
     final = pq.read_table(sorted(out.glob("results-*.parquet"))).column("id").to_pylist()
