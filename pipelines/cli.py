@@ -229,7 +229,9 @@ def cmd_evaluate(args, extra) -> int:
 def cmd_compare(args, extra) -> int:
     from specrag.pipelines.compare import run_compare
     workdir = args.workdir or f"runs/compare/{Path(args.suite).stem}"
-    outcome = run_compare(args.suite, workdir, args.report_dir, check=args.check, extra_flags=list(extra))
+    split = lambda v: tuple(x.strip() for x in (v or "").split(",") if x.strip())  # noqa: E731
+    outcome = run_compare(args.suite, workdir, args.report_dir, check=args.check, extra_flags=list(extra),
+                          limit=args.limit, methods=split(args.methods), datasets=split(args.datasets))
     print(Path(outcome.files["markdown"]).read_text())
     print(f"report: {outcome.files['html']} (HTML), {outcome.files['markdown']} (Markdown)")
     failed_jobs = [r for r in outcome.records if r.status == "failed"]
@@ -355,9 +357,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="runs, data and indexes (default: runs/compare/SUITE)")
     p.add_argument("--report-dir", default=None, help="where the report goes (default: the workdir)")
     p.add_argument("--check", action="store_true", help="fail when a result is outside the suite's expectations")
+    p.add_argument("--limit", type=int, default=0, help="at most N questions per dataset (a quick look; "
+                                                        "expectations then do not apply)")
+    p.add_argument("--methods", default="", help="comma-separated method labels to run (their baselines too)")
+    p.add_argument("--datasets", default="", help="comma-separated dataset names to run")
     p.set_defaults(fn=cmd_compare)
 
-    p = sub.add_parser("demo", help="build the demo index, answer the demo questions, print metrics")
+    p = sub.add_parser("demo", help="compare the methods on the bundled demo data: table + HTML report")
     p.add_argument("--workdir", default="runs/demo")
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     p.set_defaults(fn=cmd_demo)

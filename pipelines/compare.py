@@ -56,18 +56,28 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
         demo_queries, demo_corpus = write_demo_tables(here / "demo")
         queries = str(demo_queries) if queries == "demo" else queries
         corpus = str(demo_corpus) if corpus == "demo" else corpus
-    if dataset.limit:
+    if dataset.limit or dataset.split:
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
+        from specrag.evaluation.splits import load_split
+        keep = pa.array(load_split(dataset.split)) if dataset.split else None
+        limit = dataset.limit or None
         rows: list[dict] = []
         schema = None
         for f in expand_inputs(queries):  # sorted file order, then row order: deterministic
             table = read_parquet(f)
+            if keep is not None:  # held-out questions only: none a trained component has seen
+                table = table.filter(pc.is_in(table.column("id"), value_set=keep))
             schema = schema or table.schema
-            rows.extend(table.slice(0, dataset.limit - len(rows)).to_pylist())
-            if len(rows) >= dataset.limit:
+            rows.extend(table.slice(0, limit - len(rows) if limit else None).to_pylist())
+            if limit and len(rows) >= limit:
                 break
+        if not rows:
+            raise ValueError(f"dataset {dataset.name}: no questions in {queries}"
+                             + (f" belong to split {dataset.split}" if dataset.split else ""))
         here.mkdir(parents=True, exist_ok=True)
-        path = here / f"queries-first-{dataset.limit}.parquet"
+        name = "-".join(["queries", *([dataset.split] if dataset.split else []), f"first-{limit or 'all'}"])
+        path = here / f"{name}.parquet"
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
         queries = str(path)
     index = dataset.index
@@ -145,9 +155,10 @@ def check_expectations(suite: Suite, report: dict) -> tuple[list[dict], list[str
 
 
 def run_compare(suite_path: str | Path, workdir: str | Path, report_dir: str | Path | None = None,
-                check: bool = False, extra_flags: list[str] = ()) -> CompareOutcome:
+                check: bool = False, extra_flags: list[str] = (), limit: int = 0,
+                methods: tuple[str, ...] = (), datasets: tuple[str, ...] = ()) -> CompareOutcome:
     from specrag.evaluation.compare_report import build_report, write_report
-    suite = load_suite(suite_path)
+    suite = load_suite(suite_path).narrowed(limit, tuple(methods), tuple(datasets))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     records = run_jobs(suite, workdir, list(extra_flags))

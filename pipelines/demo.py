@@ -1,11 +1,13 @@
-"""`specrag demo`: the quick start on the project's own demo data (no ../shared needed).
+"""`specrag demo`: the product on the project's own demo data (no ../shared needed).
 
-Writes the demo corpus and questions as Parquet, builds a BM25 index with the Beam job,
-answers the questions with `no-retrieval` and `standard` RAG, and prints the metrics table.
+Runs the bundled comparison suite (``demo_data/demo.yaml``) through `specrag compare`: the
+demo questions answered by no retrieval, standard RAG, Speculative RAG, SPS, RaLMSeq and
+RaLMSpec as Beam answer jobs, then the comparison table printed and the HTML report written.
 """
 from __future__ import annotations
 
 import json
+import shutil
 from importlib import resources
 from pathlib import Path
 
@@ -31,26 +33,21 @@ def write_demo_tables(workdir: Path) -> tuple[Path, Path]:
     return out["queries"], out["corpus"]
 
 
-def run_demo(workdir: Path, threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)) -> int:
-    from specrag.evaluation.report import evaluate_run, format_table, save_report
-    from specrag.methods import create_method
-    from specrag.pipelines.answer import AnswerJob, run_answer
-    from specrag.pipelines.build_index import run_build_index
-    from specrag.transforms.runtime import RuntimeConfig
+DEMO_SUITE = "demo.yaml"
 
-    queries, corpus = write_demo_tables(workdir)
-    index = workdir / "index"
-    run_build_index(str(corpus), str(index), ["bm25"], num_threads=threads, beam_args=beam_args)
-    rows = []
-    for name in ("no-retrieval", "standard"):
-        method = create_method(name, **({"top_k": 3} if name == "standard" else {}))
-        runtime = RuntimeConfig(index_dir=str(index), num_threads=threads).with_roles(method.model_roles)
-        out = workdir / name
-        run_answer(AnswerJob(str(queries), str(out), method, runtime, beam_args=beam_args,
-                             overwrite=True))  # the demo starts afresh every time
-        report = evaluate_run(out, str(queries))
-        save_report(report, out / "evaluation.json")
-        rows.extend(report["rows"])
-    print(format_table(rows))
-    print(f"\noutputs: {workdir}/<method>/results-*.parquet, dead_letters-*.parquet, manifest.json")
-    return 0
+
+def demo_suite_path() -> Path:
+    """The bundled demo suite (package data, so an installed specrag has it too)."""
+    return Path(str(resources.files("specrag.pipelines") / "demo_data" / DEMO_SUITE))
+
+
+def run_demo(workdir: Path, threads: int = 1, beam_args: tuple[str, ...] = ()) -> int:
+    """The demo suite, afresh: the runs the code being shown makes, not an earlier checkout's."""
+    from specrag.pipelines.compare import run_compare
+    shutil.rmtree(workdir / "runs", ignore_errors=True)
+    outcome = run_compare(demo_suite_path(), workdir, extra_flags=[f"--threads={threads}", *beam_args])
+    print(Path(outcome.files["markdown"]).read_text())
+    print(f"report: {outcome.files['html']} (open it in a browser; it works offline), "
+          f"{outcome.files['markdown']} (Markdown)")
+    print(f"runs: {workdir}/runs/<dataset>/<method>/results-*.parquet, dead_letters-*.parquet, manifest.json")
+    return 1 if any(r.status == "failed" for r in outcome.records) else 0

@@ -9,6 +9,8 @@ A suite is YAML::
       - name: demo
         queries: demo                            # the bundled demo questions, or Parquet file/glob
         index: {corpus: demo}                    # built once under the workdir; or an index folder
+        split: aed_eval                          # only ids of evaluation/splits/NAME.txt (held out
+                                                 # from the training splits of AED-RAG and SARDI)
         limit: 16                                # the first N questions, in file order
     methods:
       - label: standard RAG
@@ -23,7 +25,8 @@ A suite is YAML::
 
 Flags merge suite < dataset < method: a single-valued flag is replaced, a repeated one
 (``model``, ``set``) is appended to (for ``model`` the last role wins). Paths are relative to
-the suite file. Everything is checked when the suite loads, before any job runs.
+the suite file: queries, index, corpus, the ``datastore`` and ``triplets`` flags, and model
+folders (``model: [denoiser=../runs/denoiser]``, a value with a slash). Everything is checked when the suite loads, before any job runs.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class SuiteDataset:
     corpus: str | None = None  # or a corpus to build a BM25 index from ("demo": the bundled one)
     limit: int = 0  # 0: every question
     flags: dict = field(default_factory=dict)
+    split: str | None = None  # keep only this split's ids (evaluation/splits/NAME.txt)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,27 @@ class Suite:
 
     def method(self, label: str) -> SuiteMethod:
         return next(m for m in self.methods if m.label == label)
+
+    def narrowed(self, limit: int = 0, methods: tuple[str, ...] = (), datasets: tuple[str, ...] = ()) -> "Suite":
+        """A quick look at a big suite: at most ``limit`` questions per dataset, only the named
+        methods (with the baselines they name) and datasets; its expectations then do not apply."""
+        import dataclasses
+        unknown = sorted(set(methods) - {m.label for m in self.methods}) + \
+            sorted(set(datasets) - {d.name for d in self.datasets})
+        if unknown:
+            raise ValueError(f"suite {self.name} has no method or dataset {unknown}")
+        keep = set(methods) | {b for m in self.methods if m.label in methods for b in m.baselines}
+        chosen = tuple(m for m in self.methods if not methods or m.label in keep)
+        picked = []
+        for d in self.datasets:
+            if datasets and d.name not in datasets:
+                continue
+            n = min(d.limit or limit, limit or d.limit)
+            # fewer questions: another name, so its runs go to other folders and the report says so
+            picked.append(d if n == d.limit else dataclasses.replace(d, name=f"{d.name} (first {n})", limit=n))
+        changed = methods or datasets or any(p.limit != d.limit for p, d in zip(picked, self.datasets))
+        return dataclasses.replace(self, methods=chosen, datasets=tuple(picked),
+                                   expect=() if changed else self.expect)
 
     def job_flags(self, dataset: SuiteDataset, method: SuiteMethod) -> list[str]:
         """The `specrag answer` flags of one job, less --queries/--index/--output (the runner's)."""
@@ -130,14 +155,14 @@ def load_suite(path: str | Path) -> Suite:
             return p
         return str((base / p).resolve())
 
-    flags = _check_flags(raw.get("flags") or {}, "flags", errors)
+    flags = _check_flags(raw.get("flags") or {}, "flags", errors, resolve)
     datasets = []
     for i, d in enumerate(raw.get("datasets") or []):
         where = f"datasets[{i}]"
         if not isinstance(d, dict) or "name" not in d or "queries" not in d:
             errors.append(f"{where}: needs name and queries")
             continue
-        bad = set(d) - {"name", "queries", "index", "limit", "flags"}
+        bad = set(d) - {"name", "queries", "index", "limit", "flags", "split"}
         if bad:
             errors.append(f"{where}: unknown keys {sorted(bad)}")
         index, corpus = d.get("index"), None
@@ -149,9 +174,15 @@ def load_suite(path: str | Path) -> Suite:
         limit = d.get("limit", 0)
         if not isinstance(limit, int) or limit < 0:
             errors.append(f"{where}: limit must be a whole number >= 0")
+        split = d.get("split")
+        if split is not None:
+            from specrag.evaluation.splits import SPLITS
+            if str(split) not in SPLITS:
+                errors.append(f"{where}: unknown split {split!r} (known: {', '.join(SPLITS)})")
         datasets.append(SuiteDataset(str(d["name"]), resolve(str(d["queries"])), resolve(index), resolve(corpus),
                                      int(limit) if isinstance(limit, int) else 0,
-                                     _check_flags(d.get("flags") or {}, where, errors)))
+                                     _check_flags(d.get("flags") or {}, where, errors, resolve),
+                                     str(split) if split is not None else None))
     methods = []
     for i, m in enumerate(raw.get("methods") or []):
         where = f"methods[{i}]"
@@ -171,7 +202,7 @@ def load_suite(path: str | Path) -> Suite:
             except (ValueError, TypeError, KeyError) as e:
                 errors.append(f"{where} ({name}): {e}")
         methods.append(SuiteMethod(str(m.get("label") or name), name, dict(settings),
-                                   _check_flags(m.get("flags") or {}, where, errors),
+                                   _check_flags(m.get("flags") or {}, where, errors, resolve),
                                    tuple(_as_list(m.get("baselines") or [])), str(m.get("note") or "")))
     labels = [m.label for m in methods]
     names = [d.name for d in datasets]
@@ -214,14 +245,25 @@ def load_suite(path: str | Path) -> Suite:
                  str(raw.get("description") or ""), dict(headline) if isinstance(headline, dict) else {})
 
 
-def _check_flags(flags: Any, where: str, errors: list[str]) -> dict:
+PATH_FLAGS = ("datastore", "triplets")  # folders, resolved against the suite file like queries
+
+
+def _check_flags(flags: Any, where: str, errors: list[str], resolve=lambda p: p) -> dict:
     if not isinstance(flags, dict):
         errors.append(f"{where}: flags is a mapping of flag names to values")
         return {}
     taken = sorted(set(flags) & set(RESERVED_FLAGS))
     if taken:
         errors.append(f"{where}: flags {taken} are set by the suite itself (datasets, methods, workdir)")
-    return dict(flags)
+    out = dict(flags)
+    for key in PATH_FLAGS:
+        if isinstance(out.get(key), str):
+            out[key] = resolve(out[key])
+    if "model" in out:  # ROLE=FOLDER (a value with a slash) is a path; ROLE=NAME a registered model
+        out["model"] = [f"{v.split('=', 1)[0]}={resolve(v.split('=', 1)[1])}"
+                        if isinstance(v, str) and "=" in v and "/" in v.split("=", 1)[1] else v
+                        for v in _as_list(out["model"])]
+    return out
 
 
 def _as_list(value: Any) -> list:

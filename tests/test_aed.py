@@ -286,7 +286,9 @@ def training_labels(imported, pooled_bm25, pooled_triplets):
         # a few questions in flight: each stage's wait for the shared scoring batches stays short
         runtime = RuntimeConfig(index_dir=str(pooled_bm25), triplets_dir=str(pooled_triplets),
                                 engine=EngineConfig(max_in_flight=8)).with_roles(method.model_roles)
-        run_answer(AnswerJob(str(queries), str(out / "run"), method, runtime,
+        run_answer(AnswerJob(str(queries), str(out / "run"), method, runtime,  # both cores: two workers
+                             beam_args=("--runner=FnApiRunner", "--direct_num_workers=2",
+                                        "--direct_running_mode=multi_processing"),
                              extra_manifest={"split": split_fingerprint("aed_train")}))
         write_labels(str(out / "run"))
 

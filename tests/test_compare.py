@@ -52,13 +52,36 @@ def test_suite_loads_and_merges_flags_suite_then_dataset_then_method(tmp_path):
     assert slug("Standard RAG (verifier, 8x7B)") == "standard-rag-verifier-8x7b"
 
 
+def test_a_narrowed_suite_keeps_the_named_methods_their_baselines_and_fewer_questions(tmp_path):
+    suite = load_suite(_suite(tmp_path, GOOD))
+    quick = suite.narrowed(limit=2, methods=("standard RAG",))
+    assert [m.label for m in quick.methods] == ["no retrieval", "standard RAG"]  # the baseline comes along
+    assert [(d.name, d.limit) for d in quick.datasets] == [("demo (first 2)", 2)] and not quick.expect
+    assert suite.narrowed(limit=50).datasets == suite.datasets and suite.narrowed().expect == suite.expect
+    assert [m.label for m in suite.narrowed(methods=("no retrieval",)).methods] == ["no retrieval"]
+    with pytest.raises(ValueError, match="no method or dataset"):
+        suite.narrowed(methods=("SARDI",))
+
+
+def test_folder_flags_are_relative_to_the_suite_file(tmp_path):
+    text = ("name: t\ndatasets:\n  - {name: d, queries: q.parquet, index: idx}\nmethods:\n"
+            "  - {label: a, method: knnlm, flags: {datastore: ../ds, model: [generator=gemma3-270m, embedder=e/m]}}\n")
+    suite = load_suite(_suite(tmp_path, text))
+    d = suite.datasets[0]
+    assert (d.queries, d.index) == (str(tmp_path / "q.parquet"), str(tmp_path / "idx"))
+    flags = suite.job_flags(d, suite.method("a"))
+    assert flags[flags.index("--datastore") + 1] == str(tmp_path.parent / "ds")
+    assert [flags[i + 1] for i, f in enumerate(flags) if f == "--model"] == [
+        "generator=gemma3-270m", f"embedder={tmp_path / 'e' / 'm'}"]
+
+
 def test_suite_mistakes_are_reported_together_before_any_job(tmp_path):
     bad = """
 name: t
 flags: {output: x}
 datasets:
   - {name: demo, queries: demo, limit: -1}
-  - {name: demo, queries: demo}
+  - {name: demo, queries: demo, split: aed_test}
 methods:
   - {label: a, method: no-such-method}
   - {label: b, method: standard, set: {top_k: many}}
@@ -74,9 +97,30 @@ headline: {short_form: accuracy}
     text = str(e.value)
     for needle in ("flags ['output'] are set by the suite", "limit must be", "unknown method 'no-such-method'",
                    "top_k expects an integer", "no setting 'no_such_setting'", "baseline 'zzz'",
-                   "duplicate method labels ['c']", "duplicate dataset names ['demo']", "method 'nobody'",
+                   "duplicate method labels ['c']", "unknown split 'aed_test'", "duplicate dataset names ['demo']", "method 'nobody'",
                    "needs dataset, method, metric, value and tolerance", "'accuracy' is not a metric"):
         assert needle in text, needle
+
+
+def test_a_split_keeps_only_its_ids_then_the_limit_applies(tmp_path):
+    """Held-out questions only (none a trained component saw), in file order, then the first N."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.evaluation.splits import load_split
+    from specrag.pipelines.compare import prepare_dataset
+    train, held = load_split("aed_train"), load_split("aed_eval")
+    hot_train = [i for i in train if i.startswith("hotpotqa:")][:3]
+    hot_held = [i for i in held if i.startswith("hotpotqa:")][:3]
+    ids = [hot_train[0], hot_held[0], hot_train[1], hot_held[1], hot_held[2], hot_train[2]]
+    pq.write_table(pa.table({"id": ids, "question": [f"q{i}" for i in range(6)]}), tmp_path / "q.parquet")
+    suite = load_suite(_suite(tmp_path, "name: t\ndatasets:\n  - {name: h, queries: q.parquet, split: aed_eval, "
+                                        "limit: 2}\nmethods:\n  - {label: n, method: no-retrieval}\n"))
+    queries, index = prepare_dataset(suite.datasets[0], tmp_path / "work")
+    assert index is None and pq.read_table(queries).column("id").to_pylist() == hot_held[:2]
+    everything = load_suite(_suite(tmp_path, "name: t\ndatasets:\n  - {name: h, queries: q.parquet, split: "
+                                             "aed_train}\nmethods:\n  - {label: n, method: no-retrieval}\n"))
+    queries, _ = prepare_dataset(everything.datasets[0], tmp_path / "work")
+    assert pq.read_table(queries).column("id").to_pylist() == [hot_train[0], hot_train[1], hot_train[2]]
 
 
 def test_pareto_front_keeps_what_nothing_beats_on_both():
@@ -202,3 +246,14 @@ def test_report_screenshot_in_headless_chromium_shows_tables_and_plot(tmp_path):
     assert near((0x33, 0x33, 0x33), 10) > 300  # the plot's axes
     dark = sum(1 for p in pixels if sum(p) < 200)
     assert dark > 3000  # text
+
+
+def test_the_demo_suite_ships_with_the_package_and_shows_the_methods():
+    """`make demo` runs this suite: the product's methods side by side, RaLMSpec against RaLMSeq."""
+    from specrag.pipelines.demo import demo_suite_path
+    suite = load_suite(demo_suite_path())
+    assert [d.queries for d in suite.datasets] == ["demo"]
+    assert {m.method for m in suite.methods} >= {"no-retrieval", "standard", "speculative-rag", "sps", "ralmseq",
+                                                 "ralmspec"}
+    ralmspec = next(m for m in suite.methods if m.method == "ralmspec")
+    assert [suite.method(b).method for b in ralmspec.baselines] == ["ralmseq"]

@@ -221,12 +221,18 @@ def trained_denoiser(imported, pooled_bm25):
     for dataset, n in DENOISER_QUESTIONS.items():
         rows += [r for r in pq.read_table(imported / dataset / "queries.parquet").to_pylist() if r["id"] in train][:n]
     config = DenoiserTrainingConfig(corpus_steps=40, trace_epochs=8, batch_size=8, response_tokens=WINDOW,
-                                    learning_rate=2e-4, head_learning_rate=1e-3, held_out=0.15, seed=5)
+                                    learning_rate=2e-4, head_learning_rate=1e-3, held_out=0.15, seed=5,
+                                    threads=2)  # both cores: the fixture trains alone
 
     def build(out):
+        import torch
         pq.write_table(pa.Table.from_pylist(rows), out / "queries.parquet")
-        report = run_train_denoiser(str(out / "queries.parquet"), str(pooled_bm25), str(out / "model"), config,
-                                    passage_words=PASSAGE_WORDS, max_passages=2000)
+        threads = torch.get_num_threads()
+        try:
+            report = run_train_denoiser(str(out / "queries.parquet"), str(pooled_bm25), str(out / "model"), config,
+                                        passage_words=PASSAGE_WORDS, max_passages=2000)
+        finally:  # the later tests' models run with the session's one thread (parity and exactness)
+            torch.set_num_threads(threads)
         (out / "report.json").write_text(_json.dumps(report))
 
     parts = [_json.dumps(rows, sort_keys=True, default=str).encode(), (pooled_bm25 / "manifest.json").read_bytes(),
