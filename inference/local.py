@@ -398,9 +398,12 @@ class LocalCausalLM:
         return out
 
     def _score(self, requests: list[ScoreRequest]) -> list[Scored]:
-        import torch
-        rows, spans = [], []
-        for r in requests:
+        rows, spans, targets = [], [], []
+        # Closed-set scoring asks for several one-token options after one prompt ("A".."D",
+        # "true"/"false"): the next-token distribution at the prompt's end answers them all,
+        # so such requests share one row (the prompt is encoded once, not once per option).
+        shared: dict[tuple[int, ...], int] = {}
+        for k, r in enumerate(requests):
             p = self.prompt_ids(r.prompt, chat=r.chat)
             pieces = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in r.segments or (r.continuation,)]
             c = [i for piece in pieces for i in piece]
@@ -409,6 +412,15 @@ class LocalCausalLM:
             if len(p) + len(c) > self.config.max_prompt_tokens:
                 raise ValueError(f"score: prompt + continuation have {len(p) + len(c)} tokens, over "
                                  f"max_prompt_tokens={self.config.max_prompt_tokens} of {self.name}")
+            if len(c) == 1 and not r.segments:
+                row = shared.get(tuple(p))
+                if row is not None:
+                    targets[row].append((k, c[0]))
+                    continue
+                shared[tuple(p)] = len(rows)
+                targets.append([(k, c[0])])
+            else:
+                targets.append([(k, None)])
             rows.append(p + c)
             spans.append((len(p), len(c), [len(piece) for piece in pieces] if r.segments else []))
         # The vocabulary projection is the memory: [rows, positions, vocab] floats (Gemma 3:
@@ -416,18 +428,20 @@ class LocalCausalLM:
         # (logits_to_keep, continuations are right-aligned), in sub-batches under a budget.
         vocab = self.model.config.get_text_config().vocab_size
         per_row = lambda i: (spans[i][1] + 1) * vocab * 4  # noqa: E731
-        out: list[Scored] = [None] * len(rows)  # type: ignore[list-item]
+        out: list[Scored] = [None] * len(requests)  # type: ignore[list-item]
         chunk: list[int] = []
         for i in sorted(range(len(rows)), key=lambda i: len(rows[i])):  # similar lengths pad less
             if chunk and (len(chunk) + 1) * max(per_row(j) for j in chunk + [i]) > SCORE_LOGITS_BUDGET:
-                self._score_rows(rows, spans, chunk, out)
+                self._score_rows(rows, spans, targets, chunk, out)
                 chunk = []
             chunk.append(i)
         if chunk:
-            self._score_rows(rows, spans, chunk, out)
+            self._score_rows(rows, spans, targets, chunk, out)
         return out
 
-    def _score_rows(self, rows, spans, idx: list[int], out: list) -> None:
+    def _score_rows(self, rows, spans, targets, idx: list[int], out: list) -> None:
+        """Score rows ``idx``; ``targets[row]`` lists the requests a row answers: (request, None)
+        scores the row's own continuation, (request, token id) one token after the prompt."""
         import torch
         ids, mask = _left_pad([rows[i] for i in idx], self.pad_id, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -438,11 +452,15 @@ class LocalCausalLM:
         width = ids.shape[1]
         for b, i in enumerate(idx):
             plen, clen, seg_lens = spans[i]
-            target = ids[b, width - clen:]  # the continuation: the last clen tokens (left padding)
-            lp = torch.log_softmax(logits[b, keep - clen - 1: keep - 1].float(), dim=-1)
-            lp = lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            out[i] = Scored([float(x) for x in lp.tolist()], plen,
-                            self.tokenizer.convert_ids_to_tokens(target.tolist()), seg_lens)
+            lp_all = torch.log_softmax(logits[b, keep - clen - 1: keep - 1].float(), dim=-1)
+            for k, token in targets[i]:
+                if token is None:
+                    target = ids[b, width - clen:]  # the continuation: the last clen tokens (left padding)
+                    lp = lp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                    out[k] = Scored([float(x) for x in lp.tolist()], plen,
+                                    self.tokenizer.convert_ids_to_tokens(target.tolist()), seg_lens)
+                else:
+                    out[k] = Scored([float(lp_all[0, token])], plen, self.tokenizer.convert_ids_to_tokens([token]), [])
 
 
 class LocalEncoder:

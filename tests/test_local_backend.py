@@ -80,3 +80,23 @@ def test_scoring_in_sub_batches_equals_one_batch(scorer, monkeypatch):
         assert a.tokens == b.tokens and a.segment_lengths == b.segment_lengths
         assert max(abs(x - y) for x, y in zip(a.token_logprobs, b.token_logprobs)) < 1e-3
     assert whole[2].segment_lengths and sum(whole[2].segment_lengths) == len(whole[2].token_logprobs)
+
+
+def test_one_token_options_after_one_prompt_share_a_row_and_equal_scoring_each_alone(generator, monkeypatch):
+    """Closed-set scoring: the options of one prompt are read off one next-token distribution;
+    each option's score equals scoring it alone, and a multi-token option beside them is intact."""
+    prompt = "Is the sky blue? Reply true or false."
+    options = ["true", "True", "false", "False", " maybe not"]
+    requests = [ScoreRequest(prompt, o, chat=True) for o in options]
+    rows = []
+    impl = generator._impl
+    original = type(impl)._score_rows
+    monkeypatch.setattr(type(impl), "_score_rows",
+                        lambda self, r, s, t, idx, out: (rows.extend(idx), original(self, r, s, t, idx, out))[1])
+    together = generator.score(requests)
+    one_token = [o for o in options if len(impl.tokenizer(o, add_special_tokens=False)["input_ids"]) == 1]
+    assert len(one_token) >= 2 and len(rows) == len(options) - len(one_token) + 1
+    for req, got in zip(requests, together):
+        alone = generator.score([req])[0]
+        assert got.tokens == alone.tokens and got.prompt_tokens == alone.prompt_tokens
+        np.testing.assert_allclose(got.token_logprobs, alone.token_logprobs, atol=1e-4)
