@@ -44,9 +44,14 @@ def finalise_answer(item: QueryState, output: str) -> QueryState:
 
 # Closed-set tasks (multiple choice, claim verification): "score" ranks the options by the
 # log-probability of each label as the model's reply to the prompt (the convention of evaluation
-# harnesses); "generate" parses the label from free text (small models often never say it).
-CLOSED_SET_MODES = ("score", "generate")
+# harnesses); "calibrated" divides each label's probability by its probability for a content-free
+# input (the same prompt and documents, the question and option texts "N/A": contextual
+# calibration, Zhao et al., 2021), which removes a small model's preference for one label;
+# "generate" parses the label from free text (small models often never say it).
+SCORING_MODES = ("score", "calibrated")
+CLOSED_SET_MODES = (*SCORING_MODES, "generate")
 CLAIM_LABELS = ("true", "false")
+CONTENT_FREE = "N/A"
 
 
 def check_closed_set(mode: str) -> None:
@@ -54,8 +59,11 @@ def check_closed_set(mode: str) -> None:
         raise ValueError(f"closed_set must be one of {CLOSED_SET_MODES}, got {mode!r}")
 
 
-def option_labels(query: dict) -> list[str] | None:
-    """The labels a closed-set query chooses among (None for open tasks)."""
+def option_labels(query: dict, mode: str = "score") -> list[str] | None:
+    """The labels a closed-set query chooses among (None for open tasks, or when ``mode``
+    parses free text)."""
+    if mode not in SCORING_MODES:
+        return None
     if query["task_type"] == "multiple_choice":
         return list(query.get("choice_labels") or []) or None
     if query["task_type"] == "claim_verification":
@@ -63,24 +71,37 @@ def option_labels(query: dict) -> list[str] | None:
     return None
 
 
+def content_free(query: dict) -> dict:
+    """The query with its content replaced by "N/A" (options keep their labels)."""
+    return {**query, "question": CONTENT_FREE, "choices": [CONTENT_FREE] * len(query.get("choices") or [])}
+
+
 def _surface_forms(label: str) -> list[str]:
     """A word label in both casings ("true", "True"): the casing the model prefers must not decide."""
     return sorted({label, label[:1].upper() + label[1:]}) if len(label) > 1 else [label]
 
 
-async def score_options(ctx, prompt: str, labels: Sequence[str], model: str = "generator") -> list[float]:
+async def score_options(ctx, query: dict, docs: Sequence, labels: Sequence[str], mode: str = "score",
+                        model: str = "generator") -> list[float]:
     """log P(label | prompt) per option, as the first words of the model's reply (the chat
-    template applied, as for generation), summed over the label's surface forms."""
+    template applied, as for generation), summed over the label's surface forms; calibrated:
+    minus log P(label | content-free prompt)."""
+    prompts = [build_prompt(query, docs)] + ([build_prompt(content_free(query), docs)] if mode == "calibrated" else [])
     forms = [_surface_forms(lab) for lab in labels]
-    flat = [f for fs in forms for f in fs]
-    scored = await asyncio.gather(*(ctx.score(ScoreRequest(prompt, f, chat=True), model=model) for f in flat))
+    flat = [(p, f) for p in prompts for fs in forms for f in fs]
+    scored = await asyncio.gather(*(ctx.score(ScoreRequest(p, f, chat=True), model=model) for p, f in flat))
     totals = iter(s.total for s in scored)
-    out = []
-    for fs in forms:
-        lps = [next(totals) for _ in fs]
-        top = max(lps)
-        out.append(top + math.log(sum(math.exp(lp - top) for lp in lps)))
-    return out
+    per_prompt = []
+    for _ in prompts:
+        out = []
+        for fs in forms:
+            lps = [next(totals) for _ in fs]
+            top = max(lps)
+            out.append(top + math.log(sum(math.exp(lp - top) for lp in lps)))
+        per_prompt.append(out)
+    if len(per_prompt) == 1:
+        return per_prompt[0]
+    return [a - b for a, b in zip(*per_prompt)]
 
 
 def choose_option(item: QueryState, labels: Sequence[str], logprobs: Sequence[float]) -> QueryState:
@@ -99,7 +120,7 @@ class Generate:
     max_new_tokens: int | None = None  # None: the task type's default
     batch_invariant: bool = False
     prompt: str = "default"  # or "aed": AED-RAG's template (short-form questions)
-    closed_set: str = "generate"  # or "score": see CLOSED_SET_MODES
+    closed_set: str = "generate"  # or "score" / "calibrated": see CLOSED_SET_MODES
     name: str = "Generate"
 
     async def run(self, item: QueryState, ctx) -> QueryState:
@@ -108,9 +129,9 @@ class Generate:
             text = aed_prompt(aed_context([passage_text(d.title, d.text) for d in item.docs]), q["question"])
         else:
             text = build_prompt(q, item.docs)
-        labels = option_labels(q) if self.closed_set == "score" else None
+        labels = option_labels(q, self.closed_set)
         if labels:
-            return choose_option(item, labels, await score_options(ctx, text, labels))
+            return choose_option(item, labels, await score_options(ctx, q, item.docs, labels, self.closed_set))
         # the AED template makes small models open with a "### Output:" line: no stop at a newline
         request = GenerateRequest(text, stop=() if self.prompt == "aed" else STOP[q["task_type"]],
                                   max_new_tokens=self.max_new_tokens or MAX_NEW_TOKENS[q["task_type"]],

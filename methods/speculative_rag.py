@@ -191,10 +191,10 @@ class Draft:
         state = item.state_of(SpeculativeRAGState)
         docs = [item.docs[i] for i in state.subset]
         prompt = build_prompt(q, docs)
-        labels = option_labels(q) if c.closed_set == "score" else None
+        labels = option_labels(q, c.closed_set)
         option_lps: list[float] = []
         if labels:  # the answer part is the drafter's most probable option
-            option_lps = await score_options(ctx, prompt, labels, model="drafter")
+            option_lps = await score_options(ctx, q, docs, labels, c.closed_set, model="drafter")
             best = max(range(len(labels)), key=lambda i: (option_lps[i], -i))
             ids = ctx.tokenize(labels[best], model="drafter")
             first = Generation(labels[best], list(ids), [option_lps[best]] + [0.0] * (len(ids) - 1), 0, "stop")

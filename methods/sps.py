@@ -117,7 +117,7 @@ class StagedLoop:
         clock = time.perf_counter
         t0 = clock()
         docs = item.docs  # RET_0: the question's documents (Retrieve stage), for chunks 1 and 2
-        labels = option_labels(q) if c.closed_set == "score" else None
+        labels = option_labels(q, c.closed_set)
         if labels:
             return await self._choose_option(item, ctx, docs, labels, rng)
         docs_query = q["question"]
@@ -166,7 +166,7 @@ class StagedLoop:
         sampled = sample_subsets(await self._doc_vectors(ctx, docs), c.groups, c.candidates,
                                  int(rng.integers(2 ** 63)), c.subset_mode)
         t0 = time.perf_counter()
-        scores = await asyncio.gather(*(score_options(ctx, build_prompt(q, [docs[i] for i in sub]), labels)
+        scores = await asyncio.gather(*(score_options(ctx, q, [docs[i] for i in sub], labels, c.closed_set)
                                         for sub in sampled.subsets))
         candidates = [labels[max(range(len(labels)), key=lambda i: (lps[i], -i))] for lps in scores]
         if c.selection == "random":

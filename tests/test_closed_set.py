@@ -73,6 +73,35 @@ def test_true_false_sums_both_casings():
     assert f"false {math.log(0.45):.3f}" in item.raw_output and f"true {math.log(0.35):.3f}" in item.raw_output
 
 
+
+class PromptAwareScorer(FakeScorer):
+    """A model that prefers "false" everywhere, and "true" a little less so for the real claim."""
+
+    def score(self, requests):
+        with self._lock:
+            self.scored += requests
+        def lp(r):
+            content_free = "Statement: N/A" in r.prompt
+            return {"true": math.log(0.30 if content_free else 0.40), "false": math.log(0.70 if content_free else 0.60)}.get(
+                r.continuation.lower(), -20.0)
+        return [Scored([lp(r)], 100) for r in requests]
+
+
+def test_calibrated_scoring_divides_by_the_content_free_prompt():
+    """Contextual calibration: "false" is more probable for the claim (0.6 vs 0.4), but less so
+    than for "N/A" (0.7 vs 0.3), so the calibrated choice is "true"; plain scoring says "false"."""
+    assert _answer(create_method("no-retrieval"), CLAIM, PromptAwareScorer({})).choice == "false"
+    lm = PromptAwareScorer({})
+    item = _answer(create_method("no-retrieval", closed_set="calibrated"), CLAIM, lm)
+    assert item.choice == "true"
+    prompts = {r.prompt for r in lm.scored}
+    assert prompts == {build_prompt(CLAIM), build_prompt({**CLAIM, "question": "N/A"})}
+    # both casings of both labels for each prompt; the scores recorded are the calibrated ones
+    assert len(lm.scored) == 8
+    assert f"true {math.log(2 * 0.40) - math.log(2 * 0.30):.3f}" in item.raw_output
+    options = build_prompt({**ARC, "question": "N/A", "choices": ["N/A"] * 4})
+    assert "A. N/A" in options and "oxygen" not in options
+
 def test_generate_mode_parses_free_text_and_open_tasks_are_never_scored():
     lm = FakeScorer({})
     item = _answer(create_method("no-retrieval", closed_set="generate"), ARC, lm)
