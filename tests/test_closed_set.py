@@ -73,13 +73,13 @@ def test_true_false_sums_both_casings():
     assert f"false {math.log(0.45):.3f}" in item.raw_output and f"true {math.log(0.35):.3f}" in item.raw_output
 
 
-
 class PromptAwareScorer(FakeScorer):
     """A model that prefers "false" everywhere, and "true" a little less so for the real claim."""
 
     def score(self, requests):
         with self._lock:
             self.scored += requests
+
         def lp(r):
             content_free = "Statement: N/A" in r.prompt
             return {"true": math.log(0.30 if content_free else 0.40), "false": math.log(0.70 if content_free else 0.60)}.get(
@@ -101,6 +101,7 @@ def test_calibrated_scoring_divides_by_the_content_free_prompt():
     assert f"true {math.log(2 * 0.40) - math.log(2 * 0.30):.3f}" in item.raw_output
     options = build_prompt({**ARC, "question": "N/A", "choices": ["N/A"] * 4})
     assert "A. N/A" in options and "oxygen" not in options
+
 
 def test_generate_mode_parses_free_text_and_open_tasks_are_never_scored():
     lm = FakeScorer({})
