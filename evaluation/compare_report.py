@@ -139,12 +139,14 @@ def build_report(suite, records) -> dict:
                                         "path": str(suite.path)},
                               "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "datasets": [d.name for d in suite.datasets], "rows": {}, "baselines": {},
-                              "pareto": {}, "examples": {}, "manifests": {},
+                              "pareto": {}, "examples": {}, "manifests": {}, "not_applicable": {},
                               "runs": [{k: getattr(r, k) for k in ("dataset", "label", "method", "output", "status",
                                                                      "error", "wall_s")} for r in records]}
     notes = {m.label: m.note for m in suite.methods}
     for dataset in suite.datasets:
-        recs = [r for r in records if r.dataset == dataset.name]
+        report["not_applicable"][dataset.name] = [{"method": r.label, "reason": r.error} for r in records
+                                                  if r.dataset == dataset.name and r.status == "not applicable"]
+        recs = [r for r in records if r.dataset == dataset.name and r.status != "not applicable"]
         if not recs:
             continue
         gold = _gold(recs[0].queries)
@@ -255,7 +257,9 @@ def render_markdown(report: dict) -> str:
     lines += markdown_table(methods_overview(report), ["label", "method", "models", "note"]) + [""]
     for dataset in report["datasets"]:
         rows = report["rows"].get(dataset)
+        not_run = [f"- {x['method']}: not run ({x['reason']})" for x in report.get("not_applicable", {}).get(dataset, [])]
         if not rows:
+            lines += [f"## {dataset}", "", *not_run, ""] if not_run else []
             continue
         cols = table_columns(rows)
         lines += [f"## {dataset}", ""]
@@ -264,6 +268,7 @@ def render_markdown(report: dict) -> str:
         lines += markdown_table(view, [HEADERS.get(c, c) for c in cols])
         failed = [r for r in rows.values() if r.get("status") == "failed"]
         lines += [""] + [f"- **{r['method']} failed**: {r['error']}" for r in failed]
+        lines += not_run
         comps = report["baselines"].get(dataset) or []
         if comps:
             lines += ["", "Against each method's baselines:", ""]
@@ -370,7 +375,10 @@ def render_html(report: dict) -> str:
                        f"<td>{e(m['note'])}</td></tr>" for m in methods_overview(report)) + "</table>"]
     for dataset in report["datasets"]:
         rows = report["rows"].get(dataset)
+        not_run = [f"<p>{e(x['method'])}: not run ({e(x['reason'])})</p>"
+                   for x in report.get("not_applicable", {}).get(dataset, [])]
         if not rows:
+            parts += [f'<section class="dataset"><h2>{e(dataset)}</h2>', *not_run, "</section>"] if not_run else []
             continue
         pareto = report["pareto"].get(dataset) or {}
         front = set(pareto.get("front") or [])
@@ -386,6 +394,7 @@ def render_html(report: dict) -> str:
         for r in rows.values():
             if r.get("status") == "failed":
                 parts.append(f'<p class="failed">{e(r["method"])} failed: {e(r.get("error") or "")}</p>')
+        parts += not_run
         comps = report["baselines"].get(dataset) or []
         if comps:
             parts.append('<h3>Against each method\'s baselines</h3><table class="baselines"><tr><th>method</th>'

@@ -121,7 +121,7 @@ class ScoreUnits:
     name: str = "ScoreUnits"
 
     async def run(self, item: QueryState, ctx) -> QueryState:
-        if item.query.get("task_type", "short_form") != "short_form":
+        if item.query.get("task_type", "short_form") not in AEDRAG.task_types:  # in-memory runs skip validation
             raise ValueError(f"aed-rag answers short-form questions (its prompt asks for a few words); query "
                              f"{item.id} is {item.query['task_type']}")
         state = item.state_of(AEDState)
@@ -207,6 +207,7 @@ class AEDRAG(Method):
     state_class = AEDState
     needs_retriever = True
     needs_triplets = True
+    task_types = ("short_form",)  # the paper's prompt asks for an answer in a few words
 
     def __init__(self, config: MethodConfig | None = None, **overrides):
         super().__init__(config, **overrides)

@@ -95,6 +95,9 @@ class Method:
     needs_retriever: ClassVar[bool] = False
     needs_datastore: ClassVar[bool] = False  # token-level retrieval (KNN-LM)
     needs_triplets: ClassVar[bool] = False  # triplet sets of retrieved passages (AED-RAG)
+    # the task types the method answers (None: every one); a query of another type is a dead
+    # letter at validation, and `specrag compare` skips a dataset with none it answers
+    task_types: ClassVar[tuple[str, ...] | None] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

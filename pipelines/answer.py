@@ -9,6 +9,7 @@ A run whose dead-letter share exceeds ``max_failure_fraction`` fails after writi
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -101,7 +102,8 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     read = ReadParquetRows(job.queries, job.bad_files)
     rows = p | "ReadQueries" >> read
     finished = p | "ReadFinished" >> ReadIds(finished_files, "id") if finished_files else None
-    valid, dead_rows = rows | "ValidateQueries" >> ValidateRows(validate_query, finished=finished)
+    validator = functools.partial(validate_query, task_types=job.method.task_types)
+    valid, dead_rows = rows | "ValidateQueries" >> ValidateRows(validator, finished=finished)
     keyed = (valid | "CountQueries" >> beam.Map(_count("queries_in"))
              | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
     dead = [dead_rows]

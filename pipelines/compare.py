@@ -28,7 +28,7 @@ class RunRecord:
     output: str
     queries: str
     index: str | None
-    status: str = "pending"  # ran | resumed | reused | failed
+    status: str = "pending"  # ran | resumed | reused | failed | not applicable
     error: str = ""
     wall_s: float = 0.0
     manifest: dict = field(default_factory=dict)
@@ -99,8 +99,22 @@ def _finished(output: str, fingerprint: str) -> dict | None:
     return manifest if manifest.get("run_fingerprint") == fingerprint else None
 
 
+def task_types_of(queries: str) -> set[str]:
+    """The task types among a dataset's questions (a missing one is short-form, as validation reads it)."""
+    from specrag.transforms.files import read_parquet
+    from specrag.transforms.parquet_io import expand_inputs
+    types = set()
+    for f in expand_inputs(queries):
+        table = read_parquet(f)
+        column = table.column("task_type").to_pylist() if "task_type" in table.column_names else [None]
+        types.update(t or "short_form" for t in column)
+    return types
+
+
 def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = ()) -> list[RunRecord]:
-    """Every method × dataset, reusing finished runs; a failed job is recorded and the rest go on."""
+    """Every method × dataset, reusing finished runs; a failed job is recorded and the rest go on;
+    a method that answers none of a dataset's task types is not run there (status "not applicable")."""
+    from specrag.methods.base import method_class
     from specrag.pipelines.answer import IDENTITY_FILE, RunFailed, run_answer, run_fingerprint, run_identity
     from specrag.pipelines.cli import answer_job_from_flags
     from specrag.transforms.files import exists, join, match_files
@@ -108,6 +122,7 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = ()) -> list[R
     total = len(suite.datasets) * len(suite.methods)
     for dataset in suite.datasets:
         queries, index = prepare_dataset(dataset, workdir)
+        tasks = task_types_of(queries)
         for method in suite.methods:
             out = str(workdir / "runs" / slug(dataset.name) / slug(method.label))
             rec = RunRecord(dataset.name, method.label, method.method, out, queries, index)
@@ -116,6 +131,13 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = ()) -> list[R
             if index:
                 flags += ["--index", index]
             step = f"[{len(records)}/{total}] {dataset.name} × {method.label}"
+            answers = method_class(method.method).task_types
+            if answers is not None and not tasks & set(answers):
+                rec.status = "not applicable"
+                rec.error = (f"{method.method} answers {', '.join(answers)} questions only; "
+                             f"{dataset.name} has {', '.join(sorted(tasks))}")
+                print(f"{step}: not applicable ({rec.error})", flush=True)
+                continue
             try:
                 job = answer_job_from_flags(flags, "compare")
                 job = replace(job, extra_manifest={"suite": suite.name, "suite_label": method.label,

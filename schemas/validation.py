@@ -54,8 +54,9 @@ def _text_list(row: dict, field: str) -> list[str]:
     return out
 
 
-def validate_query(row: dict[str, Any]) -> dict[str, Any]:
-    """Return the normalised query row or raise RowError."""
+def validate_query(row: dict[str, Any], task_types: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Return the normalised query row or raise RowError; ``task_types``: the ones the method
+    answers (None: all), so a query it cannot answer is rejected before any work is spent on it."""
     qid = row.get("id")
     if isinstance(qid, (int,)) and not isinstance(qid, bool):
         raise RowError("id", f"expected a string, got int ({qid})")
@@ -64,6 +65,8 @@ def validate_query(row: dict[str, Any]) -> dict[str, Any]:
     task_type = _text(row, "task_type", required=False) or "short_form"
     if task_type not in TASK_TYPES:
         raise RowError("task_type", f"{task_type!r} is not one of {', '.join(TASK_TYPES)}")
+    if task_types is not None and task_type not in task_types:
+        raise RowError("task_type", f"{task_type!r}: the method answers {', '.join(task_types)} questions only")
     choices = _text_list(row, "choices")
     labels = _text_list(row, "choice_labels")
     if task_type == "multiple_choice":

@@ -123,6 +123,26 @@ def test_a_split_keeps_only_its_ids_then_the_limit_applies(tmp_path):
     assert pq.read_table(queries).column("id").to_pylist() == [hot_train[0], hot_train[1], hot_train[2]]
 
 
+def test_a_method_that_answers_none_of_a_datasets_task_types_is_not_run_there(tmp_path):
+    """AED-RAG answers short-form questions only: on a multiple-choice set it is reported as not
+    run (with the reason), not as a failed job, and the suite still passes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"id": ["a", "b"], "question": ["Which?", "What?"],
+                             "task_type": ["multiple_choice"] * 2, "choices": [["x", "y"], ["u", "v"]]}),
+                   tmp_path / "mc.parquet")
+    suite = _suite(tmp_path, "name: t\ndatasets:\n  - {name: mc, queries: mc.parquet}\nmethods:\n"
+                             "  - {label: AED-RAG, method: aed-rag, set: {predictor: similarity}}\n")
+    outcome = run_compare(suite, tmp_path / "work")
+    [record] = outcome.records
+    assert record.status == "not applicable" and "aed-rag answers short_form questions only" in record.error
+    assert not (tmp_path / "work" / "runs").exists() and outcome.failed_expectations == []
+    assert outcome.report["not_applicable"]["mc"] == [{"method": "AED-RAG", "reason": record.error}]
+    assert "AED-RAG: not run (aed-rag answers short_form questions only; mc has multiple_choice)" in \
+        Path(outcome.files["markdown"]).read_text()
+    assert "AED-RAG: not run (aed-rag answers short_form" in Path(outcome.files["html"]).read_text()
+
+
 def test_pareto_front_keeps_what_nothing_beats_on_both():
     points = [(1.0, 10.0), (2.0, 30.0), (1.5, 5.0), (3.0, 30.0), (4.0, 40.0), (1.0, 10.0)]
     assert pareto_front(points) == [0, 1, 4]  # (1.5, 5) and (3, 30) are beaten; the tie keeps the first

@@ -35,6 +35,15 @@ def test_multiple_choice_gets_default_labels():
     assert q["choice_labels"] == ["A", "B", "C"]
 
 
+def test_a_task_type_the_method_does_not_answer_is_rejected_at_validation():
+    row = {"id": "a", "question": "q", "task_type": "multiple_choice", "choices": ["x", "y"]}
+    assert validate_query(row, task_types=None)["task_type"] == "multiple_choice"
+    with pytest.raises(RowError, match="answers short_form questions only") as err:
+        validate_query(row, task_types=("short_form",))
+    assert err.value.field == "task_type"
+    assert validate_query({"id": "b", "question": "q"}, task_types=("short_form",))["task_type"] == "short_form"
+
+
 def test_passage_int_ids_are_accepted_as_text():
     assert validate_passage({"id": 12, "title": None, "text": "t"}) == {"id": "12", "title": "", "text": "t"}
     with pytest.raises(RowError):
