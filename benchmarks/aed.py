@@ -51,13 +51,13 @@ CONFIGS = {
 }
 
 
-def prepare(data_dir: str, n_train: int, per_dataset: int) -> dict:
+def prepare(data_dir: str, n_train: int, per_dataset: int, work: Path = WORK) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from specrag.evaluation.splits import load_split
-    data = imported_data(WORK, data_dir)
-    index = pooled_index(WORK, data)
-    triplets = WORK / "aed" / "triplets"
+    data = imported_data(work, data_dir)
+    index = pooled_index(work, data)
+    triplets = work / "aed" / "triplets"
     if not (triplets / "manifest.json").exists():
         specrag("extract-triplets", "--corpus", str(data / "pooled_corpus.parquet"), "--output", str(triplets),
                 "--overwrite", *TWO_WORKERS)
@@ -65,7 +65,7 @@ def prepare(data_dir: str, n_train: int, per_dataset: int) -> dict:
     # training questions: NQ and HotpotQA in the proportions of the split, first by split order
     rows = {r["id"]: r for d in ("nq", "hotpotqa") for r in pq.read_table(data / d / "queries.parquet").to_pylist()}
     train = [rows[i] for i in train_ids if i in rows][:n_train]
-    train_path = WORK / "aed" / f"train-{n_train}.parquet"
+    train_path = work / "aed" / f"train-{n_train}.parquet"
     train_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(train), train_path)
     evals, dataset_of = [], {}
@@ -73,19 +73,19 @@ def prepare(data_dir: str, n_train: int, per_dataset: int) -> dict:
         table = [r for r in pq.read_table(data / d / "queries.parquet").to_pylist() if r["id"] in eval_ids]
         evals += table[:per_dataset]
         dataset_of.update((r["id"], d) for r in table[:per_dataset])
-    eval_path = WORK / "aed" / f"eval-{per_dataset}.parquet"
+    eval_path = work / "aed" / f"eval-{per_dataset}.parquet"
     pq.write_table(pa.Table.from_pylist(evals), eval_path)
     return {"index": index, "triplets": triplets, "train": train_path, "eval": eval_path, "dataset_of": dataset_of,
-            "per_dataset": per_dataset}
+            "per_dataset": per_dataset, "work": work, "data": data}
 
 
 def train_predictor(paths: dict, n_train: int, label_top_k: int) -> Path:
-    labels = WORK / "aed" / f"labels-{n_train}-k{label_top_k}"
+    labels = paths["work"] / "aed" / f"labels-{n_train}-k{label_top_k}"
     if not (labels / "labels.parquet").exists():
         specrag("label-utility", "--queries", str(paths["train"]), "--index", str(paths["index"]),
                 "--triplets", str(paths["triplets"]), "--output", str(labels), "--set", f"top_k={label_top_k}",
                 "--resume", *TWO_WORKERS)
-    predictor = WORK / "aed" / f"predictor-{n_train}-k{label_top_k}"
+    predictor = paths["work"] / "aed" / f"predictor-{n_train}-k{label_top_k}"
     if not (predictor / "specrag_model.json").exists():
         specrag("train-utility", "--labels", str(labels), "--output", str(predictor), "--threads", "2")
     return predictor
@@ -94,7 +94,7 @@ def train_predictor(paths: dict, n_train: int, label_top_k: int) -> Path:
 def answer(paths: dict, predictor: Path, label: str) -> Path:
     method, settings = CONFIGS[label]
     slug = label.replace(' ', '_').replace('(', '').replace(')', '').replace('/', '')
-    out = WORK / "aed" / "runs" / f"{paths['per_dataset']}-{predictor.name}-{slug}"
+    out = paths["work"] / "aed" / "runs" / f"{paths['per_dataset']}-{predictor.name}-{slug}"
     if not (out / "manifest.json").exists():
         args = ["answer", "--queries", str(paths["eval"]), "--index", str(paths["index"]),
                 "--triplets", str(paths["triplets"]), "--model", f"utility={predictor}", "--method", method,

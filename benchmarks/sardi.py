@@ -59,34 +59,34 @@ TRAIN = {"hotpotqa": 210, "nq": 400}
 TRAINING = ("--corpus-steps", "150", "--trace-epochs", "4", "--batch-size", "16")
 
 
-def prepare(data_dir: str, n_questions: int, train: dict = TRAIN) -> dict:
+def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = WORK) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from specrag.evaluation.splits import load_split
-    data = imported_data(WORK, data_dir)
-    index = pooled_index(WORK, data)
+    data = imported_data(work, data_dir)
+    index = pooled_index(work, data)
     name = "-".join(f"{k}{v}" for k, v in train.items()) + "-" + "-".join(TRAINING[1::2])
-    denoiser = WORK / "sardi" / f"denoiser-{name}"
+    denoiser = work / "sardi" / f"denoiser-{name}"
     if not (denoiser / "specrag_model.json").exists():
         train_ids, rows = set(load_split("aed_train")), []
         for dataset, n in train.items():
             rows += [r for r in pq.read_table(data / dataset / "queries.parquet").to_pylist() if r["id"] in train_ids][:n]
-        subset = WORK / "sardi" / f"train-{name}.parquet"
+        subset = work / "sardi" / f"train-{name}.parquet"
         subset.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows), subset)
         specrag("train-denoiser", "--queries", str(subset), "--index", str(index), "--output", str(denoiser),
                 "--response-tokens", str(WINDOW), "--passage-words", str(PASSAGE_WORDS), *TRAINING, "--threads", "2")
     held = set(load_split("aed_eval"))
     rows = [r for r in pq.read_table(data / "hotpotqa" / "queries.parquet").to_pylist() if r["id"] in held]
-    path = WORK / "sardi" / f"eval-{n_questions}.parquet"
+    path = work / "sardi" / f"eval-{n_questions}.parquet"
     pq.write_table(pa.Table.from_pylist(rows[:n_questions]), path)
-    return {"index": index, "denoiser": denoiser, "eval": path}
+    return {"index": index, "denoiser": denoiser, "eval": path, "work": work, "data": data}
 
 
 def answer(paths: dict, label: str) -> Path:
     method, settings = CONFIGS[label]
     slug = label.replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
-    out = WORK / "sardi" / "runs" / paths["denoiser"].name / f"{paths['eval'].stem}-{slug}"
+    out = paths["work"] / "sardi" / "runs" / paths["denoiser"].name / f"{paths['eval'].stem}-{slug}"
     if not (out / "manifest.json").exists():
         args = ["answer", "--queries", str(paths["eval"]), "--index", str(paths["index"]), "--method", method,
                 "--model", f"denoiser={paths['denoiser']}", "--output", str(out), "--resume", *TWO_WORKERS]

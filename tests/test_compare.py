@@ -277,3 +277,10 @@ def test_the_demo_suite_ships_with_the_package_and_shows_the_methods():
                                                  "ralmspec"}
     ralmspec = next(m for m in suite.methods if m.method == "ralmspec")
     assert [suite.method(b).method for b in ralmspec.baselines] == ["ralmseq"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "benchmarks" / "suites").glob("*.yaml")))
+def test_the_recorded_suites_load(name):
+    """A suite in benchmarks/suites stays valid as methods and settings change (its runs are hours)."""
+    suite = load_suite(REPO / "benchmarks" / "suites" / name)
+    assert suite.datasets and suite.methods
