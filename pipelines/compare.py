@@ -133,9 +133,12 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = ()) -> list[R
             step = f"[{len(records)}/{total}] {dataset.name} × {method.label}"
             answers = method_class(method.method).task_types
             if answers is not None and not tasks & set(answers):
-                rec.status = "not applicable"
                 rec.error = (f"{method.method} answers {', '.join(answers)} questions only; "
                              f"{dataset.name} has {', '.join(sorted(tasks))}")
+            elif method.datasets and dataset.name not in method.datasets:
+                rec.error = f"the suite runs it on {', '.join(method.datasets)} only"
+            if rec.error:
+                rec.status = "not applicable"
                 print(f"{step}: not applicable ({rec.error})", flush=True)
                 continue
             try:

@@ -18,6 +18,7 @@ A suite is YAML::
         set: {top_k: 3}                          # --set KEY=VALUE
         flags: {model: [generator=smollm2-135m-instruct]}
         baselines: [no retrieval]                # labels this method is compared with
+        datasets: [demo]                         # only these datasets (default: every one)
     expect:
       - {dataset: demo, method: standard RAG, metric: contains, value: 50.0, tolerance: 15.0}
     headline: {short_form: f1}                   # the metric plotted and compared (default: the
@@ -58,6 +59,7 @@ class SuiteMethod:
     flags: dict = field(default_factory=dict)
     baselines: tuple[str, ...] = ()
     note: str = ""  # why this entry is there (e.g. "the paper's baseline: standard RAG with the verifier")
+    datasets: tuple[str, ...] = ()  # only these datasets (empty: every one)
 
 
 @dataclass(frozen=True)
@@ -96,15 +98,24 @@ class Suite:
             raise ValueError(f"suite {self.name} has no method or dataset {unknown}")
         keep = set(methods) | {b for m in self.methods if m.label in methods for b in m.baselines}
         chosen = tuple(m for m in self.methods if not methods or m.label in keep)
-        picked = []
+        picked, renamed = [], {}
         for d in self.datasets:
             if datasets and d.name not in datasets:
                 continue
             n = min(d.limit or limit, limit or d.limit)
             # fewer questions: another name, so its runs go to other folders and the report says so
             picked.append(d if n == d.limit else dataclasses.replace(d, name=f"{d.name} (first {n})", limit=n))
+            renamed[d.name] = picked[-1].name
+        kept = []
+        for m in chosen:  # a method limited to some datasets keeps those left, or none is run
+            if m.datasets:
+                mine = tuple(renamed[x] for x in m.datasets if x in renamed)
+                if not mine:
+                    continue
+                m = dataclasses.replace(m, datasets=mine)
+            kept.append(m)
         changed = methods or datasets or any(p.limit != d.limit for p, d in zip(picked, self.datasets))
-        return dataclasses.replace(self, methods=chosen, datasets=tuple(picked),
+        return dataclasses.replace(self, methods=tuple(kept), datasets=tuple(picked),
                                    expect=() if changed else self.expect)
 
     def job_flags(self, dataset: SuiteDataset, method: SuiteMethod) -> list[str]:
@@ -189,7 +200,7 @@ def load_suite(path: str | Path) -> Suite:
         if not isinstance(m, dict) or "method" not in m:
             errors.append(f"{where}: needs method (and label)")
             continue
-        bad = set(m) - {"label", "method", "set", "flags", "baselines", "note"}
+        bad = set(m) - {"label", "method", "set", "flags", "baselines", "note", "datasets"}
         if bad:
             errors.append(f"{where}: unknown keys {sorted(bad)}")
         name = str(m["method"])
@@ -203,7 +214,8 @@ def load_suite(path: str | Path) -> Suite:
                 errors.append(f"{where} ({name}): {e}")
         methods.append(SuiteMethod(str(m.get("label") or name), name, dict(settings),
                                    _check_flags(m.get("flags") or {}, where, errors, resolve),
-                                   tuple(_as_list(m.get("baselines") or [])), str(m.get("note") or "")))
+                                   tuple(_as_list(m.get("baselines") or [])), str(m.get("note") or ""),
+                                   tuple(str(d) for d in _as_list(m.get("datasets") or []))))
     labels = [m.label for m in methods]
     names = [d.name for d in datasets]
     for what, seen in (("method label", labels), ("dataset name", names)):
@@ -214,6 +226,9 @@ def load_suite(path: str | Path) -> Suite:
     if len(set(slugs)) != len(slugs):
         errors.append(f"method labels {labels} name the same folders: make them differ in letters or digits")
     for m in methods:
+        unknown_sets = sorted(set(m.datasets) - set(names))
+        if unknown_sets:
+            errors.append(f"method {m.label!r}: datasets {unknown_sets} are not datasets of the suite")
         for b in m.baselines:
             if b not in labels or b == m.label:
                 errors.append(f"method {m.label!r}: baseline {b!r} is not another method of the suite")

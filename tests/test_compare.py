@@ -143,6 +143,17 @@ def test_a_method_that_answers_none_of_a_datasets_task_types_is_not_run_there(tm
     assert "AED-RAG: not run (aed-rag answers short_form" in Path(outcome.files["html"]).read_text()
 
 
+def test_a_method_limited_to_some_datasets_runs_only_there_also_when_narrowed(tmp_path):
+    text = ("name: t\ndatasets:\n  - {name: a, queries: q.parquet}\n  - {name: b, queries: q.parquet}\nmethods:\n"
+            "  - {label: n, method: no-retrieval, datasets: [b]}\n")
+    suite = load_suite(_suite(tmp_path, text))
+    assert suite.method("n").datasets == ("b",)
+    assert suite.narrowed(limit=3).method("n").datasets == ("b (first 3)",)
+    assert [m.label for m in suite.narrowed(datasets=("a",)).methods] == []  # none of its datasets left
+    with pytest.raises(ValueError, match=r"datasets \['c'\] are not datasets of the suite"):
+        load_suite(_suite(tmp_path, text.replace("datasets: [b]", "datasets: [c]")))
+
+
 def test_pareto_front_keeps_what_nothing_beats_on_both():
     points = [(1.0, 10.0), (2.0, 30.0), (1.5, 5.0), (3.0, 30.0), (4.0, 40.0), (1.0, 10.0)]
     assert pareto_front(points) == [0, 1, 4]  # (1.5, 5) and (3, 30) are beaten; the tie keeps the first
