@@ -51,6 +51,33 @@ class ContextStates(beam.DoFn):
                 yield {"passage": p["id"], "position": pos, "key": key.tolist(), "value": int(value)}
 
 
+def passages_for_entries(inputs: list[str], model: str, max_tokens: int, max_entries: int) -> set[str]:
+    """Ids of the first passages in corpus order (by id) that hold the first ``max_entries``
+    entries, counted with the model's tokenizer as ``token_states`` cuts them: the job runs the
+    model over these alone instead of the whole corpus (a 200k-entry datastore of a 15k-passage
+    corpus is an eighth of its tokens)."""
+    from transformers import AutoTokenizer
+    from specrag.inference.models import materialise
+    from specrag.schemas.validation import RowError
+    tokenizer = AutoTokenizer.from_pretrained(materialise(model))
+    rows = []
+    for f in inputs:
+        for r in files.read_parquet(f).to_pylist():
+            try:
+                rows.append(validate_passage(r))
+            except RowError:
+                continue  # the job's validation makes it a dead letter
+    rows.sort(key=lambda r: r["id"])
+    keep, total = set(), 0
+    for r in rows:
+        if total >= max_entries:
+            break
+        n = len(tokenizer(passage_text(r["title"], r["text"]), add_special_tokens=False)["input_ids"][:max_tokens])
+        keep.add(r["id"])
+        total += max(0, n - 1)
+    return keep
+
+
 def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m-instruct", max_tokens: int = 128,
                         max_entries: int | None = None, kinds: tuple[str, ...] = KINDS, num_threads: int = 1,
                         dtype: str = "float32", beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)) -> dict:
@@ -61,6 +88,7 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     files.remove_tree(files.join(out, "entries"))
     files.delete(files.match_files(files.join(out, "dead_letters*")))
     started = time.time()
+    needed = passages_for_entries(inputs, model, max_tokens, max_entries) if max_entries is not None else None
     progress = progress_dir(out)
     with watch_progress("build-datastore", out, count_rows(inputs), unit="passages"), \
             beam.Pipeline(options=pipeline_options(beam_args)) as p:
@@ -70,6 +98,7 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
                                                     file_name_suffix=".parquet")
         (valid
          | "ProgressPassages" >> CountProgress(progress, "done")  # one by one into the fused batching stage
+         | "NeededPassages" >> beam.Filter(lambda p, ids: ids is None or p["id"] in ids, needed)
          | "BatchPassages" >> beam.BatchElements(min_batch_size=8, max_batch_size=32)
          | "ContextStates" >> beam.ParDo(ContextStates(model, num_threads, max_tokens, dtype))
          | "WriteEntries" >> WriteToParquet(files.join(out, "entries", "part"), ENTRIES, file_name_suffix=".parquet"))

@@ -61,6 +61,25 @@ def test_datastore_holds_teacher_forced_states_in_corpus_order(datastore_dir, ge
     assert np.array_equal(dists, np.sort(together)[:8])
 
 
+@pytest.mark.slow
+def test_max_entries_runs_the_model_over_the_needed_passages_only_with_the_same_entries(datastore_dir, tmp_path):
+    """A capped datastore is the first N entries of the full one, built from the passages that
+    hold them (not the whole corpus, as it was when the cap was applied after the job)."""
+    import json
+    from specrag.pipelines.build_datastore import run_build_datastore
+    from specrag.retrieval.datastore import Datastore
+    full = Datastore(datastore_dir, "flat")
+    n = 1000
+    run_build_datastore(str(datastore_dir.parent / "corpus.parquet"), str(tmp_path / "ds"), max_tokens=128,
+                        max_entries=n, kinds=("flat",))
+    capped = Datastore(tmp_path / "ds", "flat")
+    assert len(capped) == n
+    assert np.array_equal(capped.values, full.values[:n]) and np.array_equal(np.asarray(capped.keys),
+                                                                            np.asarray(full.keys[:n]))
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert manifest["passages"] < PASSAGES / 10  # ~100 entries a passage: about ten passages ran
+
+
 @pytest.fixture(scope="module")
 def lm_memo(step_memo):
     """One memo for both index kinds: a prefix's next-token state does not depend on the index."""
