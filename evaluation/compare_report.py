@@ -150,7 +150,8 @@ def build_report(suite, records) -> dict:
         if not recs:
             continue
         gold = _gold(recs[0].queries)
-        summaries = {r.label: summarise_run(r, gold, suite.headline) for r in recs if r.status != "failed"}
+        headline = suite.headline_for(dataset)
+        summaries = {r.label: summarise_run(r, gold, headline) for r in recs if r.status != "failed"}
         rows = {}
         for r in recs:
             if r.label in summaries:

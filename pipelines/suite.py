@@ -12,6 +12,7 @@ A suite is YAML::
         split: aed_eval                          # only ids of evaluation/splits/NAME.txt (held out
                                                  # from the training splits of AED-RAG and SARDI)
         limit: 16                                # the first N questions, in file order
+        headline: {short_form: contains}         # this dataset's metric (over the suite's headline)
     methods:
       - label: standard RAG
         method: standard
@@ -49,6 +50,8 @@ class SuiteDataset:
     limit: int = 0  # 0: every question
     flags: dict = field(default_factory=dict)
     split: str | None = None  # keep only this split's ids (evaluation/splits/NAME.txt)
+    headline: dict = field(default_factory=dict)  # task type -> metric, over the suite's (the papers'
+    # metric for this dataset, e.g. contains for PopQA)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class Suite:
     expect: tuple[Expectation, ...] = ()
     description: str = ""
     headline: dict = field(default_factory=dict)  # task type -> the metric plotted and compared
+
+    def headline_for(self, dataset: SuiteDataset) -> dict:
+        """Task type -> the metric plotted and compared on this dataset."""
+        return {**self.headline, **dataset.headline}
 
     def method(self, label: str) -> SuiteMethod:
         return next(m for m in self.methods if m.label == label)
@@ -173,7 +180,7 @@ def load_suite(path: str | Path) -> Suite:
         if not isinstance(d, dict) or "name" not in d or "queries" not in d:
             errors.append(f"{where}: needs name and queries")
             continue
-        bad = set(d) - {"name", "queries", "index", "limit", "flags", "split"}
+        bad = set(d) - {"name", "queries", "index", "limit", "flags", "split", "headline"}
         if bad:
             errors.append(f"{where}: unknown keys {sorted(bad)}")
         index, corpus = d.get("index"), None
@@ -193,7 +200,8 @@ def load_suite(path: str | Path) -> Suite:
         datasets.append(SuiteDataset(str(d["name"]), resolve(str(d["queries"])), resolve(index), resolve(corpus),
                                      int(limit) if isinstance(limit, int) else 0,
                                      _check_flags(d.get("flags") or {}, where, errors, resolve),
-                                     str(split) if split is not None else None))
+                                     str(split) if split is not None else None,
+                                     _check_headline(d.get("headline"), f"{where}: headline", errors)))
     methods = []
     for i, m in enumerate(raw.get("methods") or []):
         where = f"methods[{i}]"
@@ -248,16 +256,22 @@ def load_suite(path: str | Path) -> Suite:
         if x.tolerance < 0:
             errors.append(f"{where}: tolerance must be >= 0")
         expect.append(x)
-    from specrag.evaluation.metrics import TASK_METRICS
-    headline = raw.get("headline") or {}
-    for task, metric in (headline.items() if isinstance(headline, dict) else [("headline", None)]):
-        if metric not in TASK_METRICS.get(task, ()):
-            errors.append(f"headline: {task}: {metric!r} is not a metric of that task type "
-                          f"({ {t: list(m) for t, m in TASK_METRICS.items()} })")
+    headline = _check_headline(raw.get("headline"), "headline", errors)
     if errors:
         raise ValueError(f"suite {path}: " + "; ".join(errors))
     return Suite(str(raw.get("name") or path.stem), path, tuple(datasets), tuple(methods), flags, tuple(expect),
-                 str(raw.get("description") or ""), dict(headline) if isinstance(headline, dict) else {})
+                 str(raw.get("description") or ""), headline)
+
+
+def _check_headline(headline: Any, where: str, errors: list[str]) -> dict:
+    """A {task type: metric} mapping whose metrics belong to their task types."""
+    from specrag.evaluation.metrics import TASK_METRICS
+    headline = headline or {}
+    for task, metric in (headline.items() if isinstance(headline, dict) else [(where, None)]):
+        if metric not in TASK_METRICS.get(task, ()):
+            errors.append(f"{where}: {task}: {metric!r} is not a metric of that task type "
+                          f"({ {t: list(m) for t, m in TASK_METRICS.items()} })")
+    return dict(headline) if isinstance(headline, dict) else {}
 
 
 PATH_FLAGS = ("datastore", "triplets")  # folders, resolved against the suite file like queries

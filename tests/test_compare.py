@@ -63,6 +63,14 @@ def test_a_narrowed_suite_keeps_the_named_methods_their_baselines_and_fewer_ques
         suite.narrowed(methods=("SARDI",))
 
 
+def test_a_dataset_headline_overrides_the_suites(tmp_path):
+    """PopQA is scored by containment in its papers, HotpotQA by EM/F1: one suite, both."""
+    text = ("name: t\nheadline: {short_form: em}\ndatasets:\n  - {name: p, queries: q.parquet, headline: "
+            "{short_form: contains}}\n  - {name: h, queries: q.parquet}\nmethods:\n  - {label: n, method: no-retrieval}\n")
+    suite = load_suite(_suite(tmp_path, text))
+    assert [suite.headline_for(d) for d in suite.datasets] == [{"short_form": "contains"}, {"short_form": "em"}]
+
+
 def test_folder_flags_are_relative_to_the_suite_file(tmp_path):
     text = ("name: t\ndatasets:\n  - {name: d, queries: q.parquet, index: idx}\nmethods:\n"
             "  - {label: a, method: knnlm, flags: {datastore: ../ds, model: [generator=gemma3-270m, embedder=e/m]}}\n")
@@ -81,7 +89,7 @@ name: t
 flags: {output: x}
 datasets:
   - {name: demo, queries: demo, limit: -1}
-  - {name: demo, queries: demo, split: aed_test}
+  - {name: demo, queries: demo, split: aed_test, headline: {long_form: em}}
 methods:
   - {label: a, method: no-such-method}
   - {label: b, method: standard, set: {top_k: many}}
@@ -98,7 +106,8 @@ headline: {short_form: accuracy}
     for needle in ("flags ['output'] are set by the suite", "limit must be", "unknown method 'no-such-method'",
                    "top_k expects an integer", "no setting 'no_such_setting'", "baseline 'zzz'",
                    "duplicate method labels ['c']", "unknown split 'aed_test'", "duplicate dataset names ['demo']", "method 'nobody'",
-                   "needs dataset, method, metric, value and tolerance", "'accuracy' is not a metric"):
+                   "needs dataset, method, metric, value and tolerance", "'accuracy' is not a metric",
+                   "datasets[1]: headline: long_form: 'em' is not a metric"):
         assert needle in text, needle
 
 
