@@ -1,22 +1,26 @@
 """Every method on five benchmark sets: prepare what `benchmarks/suites/full.yaml` needs, then run it.
 
-Preparation (each step a real specrag job, skipped when its output exists under ``--work``):
-import ../shared/data with a pooled corpus, BM25 over it, the KNN-LM datastore (the first
-``--datastore-entries`` teacher-forced states of the corpus), triplets of every passage, AED-RAG's
-utility predictor (CPPL labels of the first 300 aed_train questions, top-5 passages each, then
-distillation: the recipe and the folder names of `benchmarks/aed.py --train 300 --label-top-k 5`)
-and SARDI's denoiser (the recipe of `benchmarks/sardi.py`). Then
+Preparation (each step a real specrag job, skipped when its output exists under ``--work``, and
+only for the methods being run): import ../shared/data with a pooled corpus and BM25 over it; for
+KNN-LM the datastore (the first ``--datastore-entries`` teacher-forced states of the corpus); for
+AED-RAG the triplets of every passage and the utility predictor (CPPL labels of the first 300
+aed_train questions, top-5 passages each, then distillation: the recipe and the folder names of
+`benchmarks/aed.py --train 300 --label-top-k 5`); for SARDI the denoiser (the recipe of
+`benchmarks/sardi.py`). Then
 
     specrag compare --suite benchmarks/suites/full.yaml --workdir WORK/compare \
-        --report-dir benchmarks/results/compare-full
+        --runs-dir benchmarks/results/compare-full/runs --report-dir benchmarks/results/compare-full
 
-which answers 200 questions per set with every method as a `specrag answer` job (finished jobs
-are reused, an interrupted one resumed: rerun this script after a stop) and writes the report.
-The suite's paths name the folders made here, so ``--work`` must stay ``runs/full`` for it.
+which answers 200 questions per set with every method as a `specrag answer` job and writes the
+report. The suite takes longer than one sitting on 2 cores, so its runs live in the repository
+(``--runs-dir``: results, dead letters and manifests, a few hundred KB a run; no data copies): a
+finished job is reused and an interrupted or partly committed one resumed, on this machine or the
+next. The suite's paths name the folders made here, so ``--work`` must stay ``runs/full`` for it.
 
-    python benchmarks/compare_full.py                     # everything (hours on 2 cores)
-    python benchmarks/compare_full.py --prepare-only
-    python benchmarks/compare_full.py -- --limit 10       # anything after -- goes to specrag compare
+    python benchmarks/compare_full.py                                  # everything (hours on 2 cores)
+    python benchmarks/compare_full.py --methods "RaLMSpec,SPS"         # these and their baselines
+    python benchmarks/compare_full.py --methods SARDI --prepare-only
+    python benchmarks/compare_full.py --summarise-only                 # the results file from the report
 """
 from __future__ import annotations
 
@@ -30,11 +34,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import aed  # noqa: E402
 import sardi  # noqa: E402
-from workloads import REPO, machine_line, markdown_table, publish, specrag_cli as specrag  # noqa: E402
+from workloads import REPO, imported_data, machine_line, markdown_table, pooled_index, publish  # noqa: E402
+from workloads import specrag_cli as specrag  # noqa: E402
+
+from specrag.pipelines.suite import load_suite  # noqa: E402
 
 SUITE = REPO / "benchmarks" / "suites" / "full.yaml"
 UTILITY_TRAIN, UTILITY_TOP_K = 300, 5  # benchmarks/aed.py's recorded run (results/aed.md)
 RESULTS = "benchmarks/results/compare_full.md"
+RUNS = "benchmarks/results/compare-full/runs"
 # claim-line keys: (method, baseline) pairs whose answers must be identical, and paper comparisons
 EXACT = {"ralmspec_same": ("RaLMSpec", "RaLMSeq"), "knnlm_spec_same": ("KNN-LM (RaLMSpec)", "KNN-LM")}
 SPEEDUPS = {"ralmspec_speedup": ("RaLMSpec", "RaLMSeq"), "knnlm_spec_speedup": ("KNN-LM (RaLMSpec)", "KNN-LM"),
@@ -42,48 +50,67 @@ SPEEDUPS = {"ralmspec_speedup": ("RaLMSpec", "RaLMSeq"), "knnlm_spec_speedup": (
             "sps_speedup_vs_specrag": ("SPS", "Speculative RAG")}
 
 
-def prepare(data_dir: str, work: Path, datastore_entries: int) -> dict:
+def needs(methods) -> set[str]:
+    """The trained or built resources these suite methods name in their flags."""
+    out = set()
+    for m in methods:
+        models = m.flags.get("model") or []
+        out |= {"datastore"} if m.flags.get("datastore") else set()
+        out |= {"aed"} if m.flags.get("triplets") or any(str(x).startswith("utility=") for x in models) else set()
+        out |= {"sardi"} if any(str(x).startswith("denoiser=") for x in models) else set()
+    return out
+
+
+def prepare(data_dir: str, work: Path, datastore_entries: int, wanted: set[str]) -> dict:
     started = time.time()
-    paths = aed.prepare(data_dir, UTILITY_TRAIN, per_dataset=1, work=work)  # data, index, triplets
-    predictor = aed.train_predictor(paths, UTILITY_TRAIN, UTILITY_TOP_K)
-    denoiser = sardi.prepare(data_dir, 1, work=work)["denoiser"]
-    datastore = work / "datastore"
-    if not (datastore / "manifest.json").exists():  # keys from the model in the dtype the suite runs it in
-        from specrag.pipelines.suite import load_suite
-        dtype = load_suite(SUITE).flags.get("dtype", "float32")
-        specrag("build-datastore", "--corpus", str(paths["data"] / "pooled_corpus.parquet"),
-                "--datastore", str(datastore), "--max-entries", str(datastore_entries), "--dtype", dtype,
-                "--overwrite")
-    print(f"prepared in {time.time() - started:.0f} s: index {paths['index']}, triplets {paths['triplets']}, "
-          f"utility {predictor}, denoiser {denoiser}, datastore {datastore}", flush=True)
-    return {"predictor": predictor, "denoiser": denoiser, "datastore": datastore}
+    data = imported_data(work, data_dir)
+    out = {"index": pooled_index(work, data)}
+    if "aed" in wanted:
+        paths = aed.prepare(data_dir, UTILITY_TRAIN, per_dataset=1, work=work)  # + triplets
+        out["triplets"], out["predictor"] = paths["triplets"], aed.train_predictor(paths, UTILITY_TRAIN, UTILITY_TOP_K)
+    if "sardi" in wanted:
+        out["denoiser"] = sardi.prepare(data_dir, 1, work=work)["denoiser"]
+    if "datastore" in wanted:
+        datastore = out["datastore"] = work / "datastore"
+        if not (datastore / "manifest.json").exists():  # keys from the model in the dtype the suite runs it in
+            dtype = load_suite(SUITE).flags.get("dtype", "float32")
+            specrag("build-datastore", "--corpus", str(data / "pooled_corpus.parquet"),
+                    "--datastore", str(datastore), "--max-entries", str(datastore_entries), "--dtype", dtype,
+                    "--overwrite")
+    print(f"prepared in {time.time() - started:.0f} s: " + ", ".join(f"{k} {v}" for k, v in out.items()), flush=True)
+    return out
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", default=os.environ.get("SPECRAG_DATA", "../shared/data"))
-    ap.add_argument("--work", default="runs/full", help="where the suite's resources and runs live")
+    ap.add_argument("--work", default="runs/full", help="where the suite's resources live")
+    ap.add_argument("--runs-dir", default=RUNS, help="where the answer jobs write (versioned: resumable anywhere)")
     ap.add_argument("--datastore-entries", type=int, default=200_000)
     ap.add_argument("--report-dir", default="benchmarks/results/compare-full")
+    ap.add_argument("--methods", default="", help="comma-separated method labels (their baselines too)")
+    ap.add_argument("--datasets", default="", help="comma-separated dataset names")
     ap.add_argument("--prepare-only", action="store_true")
     ap.add_argument("--summarise-only", action="store_true", help="rewrite the results file from the report")
-    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args = ap.parse_args()
     if args.summarise_only:
         return summarise(Path(args.report_dir) / "compare.json", args.report_dir)
     work = Path(args.work)
     if work.resolve() != (REPO / "runs" / "full").resolve():
         raise SystemExit("the suite's paths name runs/full: run from the repository root with --work runs/full")
-    prepare(args.data_dir, work, args.datastore_entries)
+    split = lambda v: tuple(x.strip() for x in v.split(",") if x.strip())  # noqa: E731
+    suite = load_suite(SUITE).narrowed(0, split(args.methods), split(args.datasets))  # fails early on a typo
+    prepare(args.data_dir, work, args.datastore_entries, needs(suite.methods))
     if args.prepare_only:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "specrag.pipelines.cli", "compare", "--suite", str(SUITE),
-           "--workdir", str(work / "compare"), "--report-dir", args.report_dir, *passthrough]
+           "--workdir", str(work / "compare"), "--runs-dir", args.runs_dir, "--report-dir", args.report_dir,
+           *(["--methods", args.methods] if args.methods else []),
+           *(["--datasets", args.datasets] if args.datasets else [])]
     print(" ".join(cmd), flush=True)
     code = subprocess.run(cmd, env=env).returncode
-    if not passthrough:  # the whole suite: record the summary
+    if not (args.methods or args.datasets):  # the whole suite: record the summary
         summarise(Path(args.report_dir) / "compare.json", args.report_dir)
     raise SystemExit(code)
 
@@ -119,7 +146,8 @@ def summarise(report_json: Path, report_dir: str) -> None:
         row = {"method": label, "baseline": baseline}
         for d in datasets:
             x = firsts[d]
-            row[d] = (f"{x['difference']:+.1f} [{x['ci95'][0]:+.1f}, {x['ci95'][1]:+.1f}], {x['speedup']:.2f}x, "
+            row[d] = (f"{x['difference']:+.1f} [{x['ci95'][0]:+.1f}, {x['ci95'][1]:+.1f}], {x['speedup']:.2f}x"
+                      f"{' (different machines)' if x.get('same_machine') is False else ''}, "
                       f"same {x['same_answers']}/{x['n']}") if x else "—"
         against.append(row)
 
@@ -130,8 +158,8 @@ def summarise(report_json: Path, report_dir: str) -> None:
     for key, (m, b) in EXACT.items():
         xs = pair(m, b)
         claims[key] = f"{sum(x['same_answers'] for x in xs)}/{sum(x['n'] for x in xs)}" if xs else "none"
-    for key, (m, b) in SPEEDUPS.items():
-        xs = pair(m, b)
+    for key, (m, b) in SPEEDUPS.items():  # timed on one processor only
+        xs = [x for x in pair(m, b) if x.get("same_machine") is not False]
         claims[key] = f"{statistics.median(x['speedup'] for x in xs):.2f}" if xs else "none"
     for key, d in (("arc_standard_acc", "ARC-Challenge"), ("pubhealth_standard_acc", "PubHealth")):
         r = rows.get(d, {}).get("standard RAG") or {}

@@ -177,11 +177,14 @@ def build_report(suite, records) -> dict:
                 lb = sum(ref[i]["latency"] for i in common) / len(common)
                 # identical answers: an exact method (RaLMSpec) must equal its sequential baseline
                 same = sum((a[i]["row"].get("answer") or "") == (ref[i]["row"].get("answer") or "") for i in common)
+                # a latency ratio means something only between runs on the same processor
+                machines = [(report["manifests"][dataset.name].get(x) or {}).get("machine") for x in (m.label, b)]
+                same_machine = machines[0] == machines[1] if None not in machines else None
                 comparisons.append({"method": m.label, "baseline": b, "metric": rows[m.label]["headline_metric"],
                                     "n": len(common), "difference": round(100 * (sum(x) - sum(y)) / len(common), 2),
                                     "ci95": [round(lo, 2), round(hi, 2)], "same_answers": same,
                                     "latency_ratio": round(la / lb, 3) if lb > 0 else None,
-                                    "speedup": round(lb / la, 3) if la > 0 else None})
+                                    "speedup": round(lb / la, 3) if la > 0 else None, "same_machine": same_machine})
         report["baselines"][dataset.name] = comparisons
         # the Pareto front: mean latency (lower is better) against the headline metric
         plotted = [(label, rows[label]["mean_latency_s"], rows[label].get(rows[label]["headline_metric"]))
@@ -277,7 +280,7 @@ def render_markdown(report: dict) -> str:
                                       "n": c["n"], "difference": f"{c['difference']:+.2f}",
                                       "95% interval": f"[{c['ci95'][0]:+.2f}, {c['ci95'][1]:+.2f}]",
                                       "same answers": f"{c.get('same_answers', '—')}/{c['n']}",
-                                      "latency ratio": _fmt(c["latency_ratio"]), "speed-up": _fmt(c.get("speedup"))}
+                                      "latency ratio": _fmt(c["latency_ratio"]), "speed-up": _speedup(c)}
                                      for c in comps],
                                     ["method", "baseline", "metric", "n", "difference", "95% interval",
                                      "same answers", "latency ratio", "speed-up"])
@@ -293,6 +296,12 @@ def render_markdown(report: dict) -> str:
                                 ["dataset", "method", "metric", "expected", "tolerance", "measured", "ok"])
         lines.append("")
     return "\n".join(lines)
+
+
+def _speedup(comparison: dict) -> str:
+    """The speed-up, marked where the two runs were timed on different processors."""
+    text = _fmt(comparison.get("speedup"))
+    return f"{text} (different machines)" if comparison.get("same_machine") is False else text
 
 
 def _file_slug(name: str) -> str:
@@ -405,7 +414,7 @@ def render_html(report: dict) -> str:
                 parts.append(f"<tr><td>{e(c['method'])}</td><td>{e(c['baseline'])}</td><td>{e(c['metric'])}</td>"
                              f"<td>{c['n']}</td><td>{c['difference']:+.2f}</td><td>[{c['ci95'][0]:+.2f}, "
                              f"{c['ci95'][1]:+.2f}]</td><td>{c.get('same_answers', '—')}/{c['n']}</td>"
-                             f"<td>{e(_fmt(c['latency_ratio']))}</td><td>{e(_fmt(c.get('speedup')))}</td></tr>")
+                             f"<td>{e(_fmt(c['latency_ratio']))}</td><td>{e(_speedup(c))}</td></tr>")
             parts.append("</table>")
         if pareto.get("points"):
             parts.append(f"<h3>{e(pareto['metric'])} against latency</h3><figure>"

@@ -111,9 +111,11 @@ def task_types_of(queries: str) -> set[str]:
     return types
 
 
-def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = ()) -> list[RunRecord]:
+def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir: Path | None = None) -> list[RunRecord]:
     """Every method × dataset, reusing finished runs; a failed job is recorded and the rest go on;
-    a method that answers none of a dataset's task types is not run there (status "not applicable")."""
+    a method that answers none of a dataset's task types is not run there (status "not applicable").
+    The answer jobs write under ``runs_dir`` (default WORKDIR/runs): a folder kept apart from the
+    data copies can be versioned, so a suite longer than one sitting resumes on another machine."""
     from specrag.methods.base import method_class
     from specrag.pipelines.answer import IDENTITY_FILE, RunFailed, run_answer, run_fingerprint, run_identity
     from specrag.pipelines.cli import answer_job_from_flags
@@ -124,7 +126,7 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = ()) -> list[R
         queries, index = prepare_dataset(dataset, workdir)
         tasks = task_types_of(queries)
         for method in suite.methods:
-            out = str(workdir / "runs" / slug(dataset.name) / slug(method.label))
+            out = str((runs_dir or workdir / "runs") / slug(dataset.name) / slug(method.label))
             rec = RunRecord(dataset.name, method.label, method.method, out, queries, index)
             records.append(rec)
             flags = [*suite.job_flags(dataset, method), *extra_flags, "--queries", queries, "--output", out]
@@ -181,12 +183,13 @@ def check_expectations(suite: Suite, report: dict) -> tuple[list[dict], list[str
 
 def run_compare(suite_path: str | Path, workdir: str | Path, report_dir: str | Path | None = None,
                 check: bool = False, extra_flags: list[str] = (), limit: int = 0,
-                methods: tuple[str, ...] = (), datasets: tuple[str, ...] = ()) -> CompareOutcome:
+                methods: tuple[str, ...] = (), datasets: tuple[str, ...] = (),
+                runs_dir: str | Path | None = None) -> CompareOutcome:
     from specrag.evaluation.compare_report import build_report, write_report
     suite = load_suite(suite_path).narrowed(limit, tuple(methods), tuple(datasets))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    records = run_jobs(suite, workdir, list(extra_flags))
+    records = run_jobs(suite, workdir, list(extra_flags), Path(runs_dir) if runs_dir else None)
     report = build_report(suite, records)
     checked, failed = check_expectations(suite, report)
     report["expectations"] = checked

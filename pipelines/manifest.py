@@ -23,11 +23,26 @@ def versions() -> dict[str, str]:
     return out
 
 
+def machine() -> dict[str, object]:
+    """The processor a run's timings belong to: latencies compare only between runs on the same one."""
+    import os
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0].splitlines()  # the first processor's block
+        info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first if ":" in line)}
+        cpu, flags = info.get("model name", cpu), set(info.get("flags", "").split())
+    except OSError:
+        pass
+    # the matrix extensions decide bfloat16 speed on CPUs
+    return {"cpu": cpu, "cores": os.cpu_count(), "isa": sorted(flags & {"amx_bf16", "avx512_bf16", "avx512f", "avx2"})}
+
+
 def write_manifest(out_dir: Path | str, content: dict, name: str = "manifest.json") -> dict:
     """Written through Beam's FileSystems: the output folder may be on gs:// or s3://."""
     from specrag.transforms.files import join, write_text
     manifest = {"written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "versions": versions(), **content}
+                "versions": versions(), "machine": machine(), **content}
     write_text(join(str(out_dir), name), json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return manifest
 

@@ -211,7 +211,10 @@ def test_report_renders_tables_front_and_plot_offline():
     report = _report()
     md = render_markdown(report)
     assert "| standard RAG | 4 |" in md and "Pareto front (contains against mean latency): no retrieval → standard RAG" in md
-    assert "+50.00 | [+0.00, +100.00] | 1/4 | 2.000 | 0.500" in md
+    assert "+50.00 | [+0.00, +100.00] | 1/4 | 2.000 | 0.500 |" in md
+    report["baselines"]["demo"][0]["same_machine"] = False  # timed on different processors: said beside it
+    assert "| 2.000 | 0.500 (different machines) |" in render_markdown(report)
+    assert "0.500 (different machines)" in render_html(report)
     page = render_html(report)
     assert page.count("<svg") == 1 and page.count('class="on-front"') == 2 and page.count('<tr class="front"') == 2 and "pareto-front" in page
     # self-contained: no script, stylesheet, font or image from anywhere else
@@ -227,8 +230,9 @@ def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
     reuses both runs, and --check against expectations that do and do not hold."""
     suite_text = GOOD.replace("generator=gemma3-270m", "generator=smollm2-135m-instruct")
     path = _suite(tmp_path, suite_text)
-    outcome = run_compare(path, tmp_path / "work", check=True)
+    outcome = run_compare(path, tmp_path / "work", check=True, runs_dir=tmp_path / "kept")
     assert [r.status for r in outcome.records] == ["ran", "ran"]
+    assert not (tmp_path / "work" / "runs").exists()  # the jobs wrote under runs_dir
     rows = outcome.report["rows"]["demo"]
     for r in rows.values():
         assert r["n"] == 6 and r["dead_letters"] == 0 and r["missing"] == 0
@@ -238,6 +242,7 @@ def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
     assert rows["no retrieval"]["retrieval_calls_per_q"] == 0 and rows["standard RAG"]["retrieval_calls_per_q"] == 1
     [comparison] = outcome.report["baselines"]["demo"]
     assert comparison["n"] == 6 and comparison["ci95"][0] <= comparison["difference"] <= comparison["ci95"][1]
+    assert comparison["same_machine"] is True  # both manifests name this machine's processor
     examples = outcome.report["examples"]["demo"]["standard RAG"]
     shown = [x for x in examples.values() if x]
     assert shown and all(x["retrieval"][0]["passages"][0]["text"] for x in shown)  # passages from the index
@@ -245,12 +250,13 @@ def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
     assert outcome.failed_expectations == [] if 0 <= rows["standard RAG"]["contains"] <= 100 else False
     for f in ("markdown", "html", "json", "svg:demo"):
         assert Path(outcome.files[f]).stat().st_size > 0
-    manifest = json.loads((tmp_path / "work" / "runs" / "demo" / "standard-rag" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "kept" / "demo" / "standard-rag" / "manifest.json").read_text())
     assert manifest["suite"] == "t" and manifest["suite_label"] == "standard RAG"
+    assert manifest["machine"]["cores"] >= 1 and manifest["machine"]["cpu"]
 
     measured = rows["standard RAG"]["contains"]
     wrong = suite_text.replace("value: 50, tolerance: 50", f"value: {measured + 10}, tolerance: 1")
-    outcome2 = run_compare(_suite(tmp_path, wrong), tmp_path / "work", check=True)
+    outcome2 = run_compare(_suite(tmp_path, wrong), tmp_path / "work", check=True, runs_dir=tmp_path / "kept")
     assert [r.status for r in outcome2.records] == ["reused", "reused"]  # same identities: nothing runs again
     assert outcome2.report["rows"]["demo"]["standard RAG"]["contains"] == measured
     assert len(outcome2.failed_expectations) == 1 and "outside" in outcome2.failed_expectations[0]
