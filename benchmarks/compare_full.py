@@ -20,7 +20,7 @@ next. The suite's paths name the folders made here, so ``--work`` must stay ``ru
     python benchmarks/compare_full.py                                  # everything (hours on 2 cores)
     python benchmarks/compare_full.py --methods "RaLMSpec,SPS"         # these and their baselines
     python benchmarks/compare_full.py --methods SARDI --prepare-only
-    python benchmarks/compare_full.py --summarise-only                 # the results file from the report
+    python benchmarks/compare_full.py --report-only                    # report the runs made so far
 """
 from __future__ import annotations
 
@@ -91,6 +91,8 @@ def main() -> None:
     ap.add_argument("--methods", default="", help="comma-separated method labels (their baselines too)")
     ap.add_argument("--datasets", default="", help="comma-separated dataset names")
     ap.add_argument("--prepare-only", action="store_true")
+    ap.add_argument("--report-only", action="store_true", help="no preparation, no job: the report (and, for the "
+                    "whole suite, the results file) from the runs already in --runs-dir")
     ap.add_argument("--summarise-only", action="store_true", help="rewrite the results file from the report")
     args = ap.parse_args()
     if args.summarise_only:
@@ -100,14 +102,15 @@ def main() -> None:
         raise SystemExit("the suite's paths name runs/full: run from the repository root with --work runs/full")
     split = lambda v: tuple(x.strip() for x in v.split(",") if x.strip())  # noqa: E731
     suite = load_suite(SUITE).narrowed(0, split(args.methods), split(args.datasets))  # fails early on a typo
-    prepare(args.data_dir, work, args.datastore_entries, needs(suite.methods))
+    if not args.report_only:
+        prepare(args.data_dir, work, args.datastore_entries, needs(suite.methods))
     if args.prepare_only:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "specrag.pipelines.cli", "compare", "--suite", str(SUITE),
            "--workdir", str(work / "compare"), "--runs-dir", args.runs_dir, "--report-dir", args.report_dir,
            *(["--methods", args.methods] if args.methods else []),
-           *(["--datasets", args.datasets] if args.datasets else [])]
+           *(["--datasets", args.datasets] if args.datasets else []), *(["--report-only"] if args.report_only else [])]
     print(" ".join(cmd), flush=True)
     code = subprocess.run(cmd, env=env).returncode
     if not (args.methods or args.datasets):  # the whole suite: record the summary

@@ -18,6 +18,8 @@ from specrag.evaluation.metrics import TASK_METRICS, score_row
 from specrag.evaluation.report import markdown_table
 from specrag.evaluation.stats import paired_bootstrap_ci, pareto_front
 
+NOT_RUN = ("not applicable", "not run")  # statuses of suite entries without a run to report
+
 COST_FIELDS = ("model_calls", "prompt_tokens", "generated_tokens", "retrieval_calls", "cache_hits")
 EXAMPLE_PASSAGES = 3  # passages shown per retrieval step of an example
 EXAMPLE_STEPS = 4  # retrieval steps shown per example
@@ -145,8 +147,8 @@ def build_report(suite, records) -> dict:
     notes = {m.label: m.note for m in suite.methods}
     for dataset in suite.datasets:
         report["not_applicable"][dataset.name] = [{"method": r.label, "reason": r.error} for r in records
-                                                  if r.dataset == dataset.name and r.status == "not applicable"]
-        recs = [r for r in records if r.dataset == dataset.name and r.status != "not applicable"]
+                                                  if r.dataset == dataset.name and r.status in NOT_RUN]
+        recs = [r for r in records if r.dataset == dataset.name and r.status not in NOT_RUN]
         if not recs:
             continue
         gold = _gold(recs[0].queries)

@@ -111,15 +111,18 @@ def task_types_of(queries: str) -> set[str]:
     return types
 
 
-def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir: Path | None = None) -> list[RunRecord]:
+def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir: Path | None = None,
+             report_only: bool = False) -> list[RunRecord]:
     """Every method × dataset, reusing finished runs; a failed job is recorded and the rest go on;
     a method that answers none of a dataset's task types is not run there (status "not applicable").
     The answer jobs write under ``runs_dir`` (default WORKDIR/runs): a folder kept apart from the
-    data copies can be versioned, so a suite longer than one sitting resumes on another machine."""
+    data copies can be versioned, so a suite longer than one sitting resumes on another machine.
+    ``report_only`` starts no job and builds no identity: each finished run found is taken as its
+    manifest records it (trained models of an earlier sitting need not exist), the rest are "not run"."""
     from specrag.methods.base import method_class
     from specrag.pipelines.answer import IDENTITY_FILE, RunFailed, run_answer, run_fingerprint, run_identity
     from specrag.pipelines.cli import answer_job_from_flags
-    from specrag.transforms.files import exists, join, match_files
+    from specrag.transforms.files import exists, join, match_files, read_text
     records = []
     total = len(suite.datasets) * len(suite.methods)
     for dataset in suite.datasets:
@@ -142,6 +145,14 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
             if rec.error:
                 rec.status = "not applicable"
                 print(f"{step}: not applicable ({rec.error})", flush=True)
+                continue
+            if report_only:
+                manifest = join(out, "manifest.json")
+                if exists(manifest):
+                    rec.status, rec.manifest = "reused", json.loads(read_text(manifest))
+                else:
+                    rec.status, rec.error = "not run", f"no finished run in {out} yet"
+                print(f"{step}: {rec.status}", flush=True)
                 continue
             try:
                 job = answer_job_from_flags(flags, "compare")
@@ -184,12 +195,12 @@ def check_expectations(suite: Suite, report: dict) -> tuple[list[dict], list[str
 def run_compare(suite_path: str | Path, workdir: str | Path, report_dir: str | Path | None = None,
                 check: bool = False, extra_flags: list[str] = (), limit: int = 0,
                 methods: tuple[str, ...] = (), datasets: tuple[str, ...] = (),
-                runs_dir: str | Path | None = None) -> CompareOutcome:
+                runs_dir: str | Path | None = None, report_only: bool = False) -> CompareOutcome:
     from specrag.evaluation.compare_report import build_report, write_report
     suite = load_suite(suite_path).narrowed(limit, tuple(methods), tuple(datasets))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    records = run_jobs(suite, workdir, list(extra_flags), Path(runs_dir) if runs_dir else None)
+    records = run_jobs(suite, workdir, list(extra_flags), Path(runs_dir) if runs_dir else None, report_only)
     report = build_report(suite, records)
     checked, failed = check_expectations(suite, report)
     report["expectations"] = checked

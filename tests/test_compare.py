@@ -163,6 +163,21 @@ def test_a_method_limited_to_some_datasets_runs_only_there_also_when_narrowed(tm
         load_suite(_suite(tmp_path, text.replace("datasets: [b]", "datasets: [c]")))
 
 
+def test_report_only_starts_no_job_and_needs_no_model_of_an_earlier_sitting(tmp_path):
+    """A suite longer than one sitting: the report is built from the runs made so far; a run not
+    there yet is listed as not run, and a trained model that is not on this machine is not asked for."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"id": ["a"], "question": ["Who?"]}), tmp_path / "q.parquet")
+    suite = _suite(tmp_path, "name: t\ndatasets:\n  - {name: d, queries: q.parquet}\nmethods:\n"
+                             "  - {label: AED-RAG, method: aed-rag, flags: {model: [utility=gone/predictor]}}\n")
+    outcome = run_compare(suite, tmp_path / "work", runs_dir=tmp_path / "kept", report_only=True)
+    [record] = outcome.records
+    assert record.status == "not run" and record.error == f"no finished run in {tmp_path / 'kept' / 'd' / 'aed-rag'} yet"
+    assert not (tmp_path / "kept").exists()  # nothing ran
+    assert "AED-RAG: not run (no finished run in" in Path(outcome.files["markdown"]).read_text()
+
+
 def test_pareto_front_keeps_what_nothing_beats_on_both():
     points = [(1.0, 10.0), (2.0, 30.0), (1.5, 5.0), (3.0, 30.0), (4.0, 40.0), (1.0, 10.0)]
     assert pareto_front(points) == [0, 1, 4]  # (1.5, 5) and (3, 30) are beaten; the tie keeps the first
@@ -253,6 +268,10 @@ def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
     manifest = json.loads((tmp_path / "kept" / "demo" / "standard-rag" / "manifest.json").read_text())
     assert manifest["suite"] == "t" and manifest["suite_label"] == "standard RAG"
     assert manifest["machine"]["cores"] >= 1 and manifest["machine"]["cpu"]
+
+    again = run_compare(path, tmp_path / "work", runs_dir=tmp_path / "kept", report_only=True)
+    assert [r.status for r in again.records] == ["reused", "reused"]  # as their manifests record them
+    assert again.report["rows"]["demo"]["standard RAG"]["contains"] == rows["standard RAG"]["contains"]
 
     measured = rows["standard RAG"]["contains"]
     wrong = suite_text.replace("value: 50, tolerance: 50", f"value: {measured + 10}, tolerance: 1")
