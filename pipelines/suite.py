@@ -230,6 +230,10 @@ def load_suite(path: str | Path) -> Suite:
         dup = sorted({x for x in seen if seen.count(x) > 1})
         if dup:
             errors.append(f"duplicate {what}s {dup}")
+    for what, seen in (("method label", labels), ("dataset name", names)):  # --methods/--datasets split on commas
+        with_comma = [x for x in seen if "," in x]
+        if with_comma:
+            errors.append(f"{what}s {with_comma} hold a comma: --methods and --datasets could not name them")
     slugs = [slug(x) for x in labels]
     if len(set(slugs)) != len(slugs):
         errors.append(f"method labels {labels} name the same folders: make them differ in letters or digits")

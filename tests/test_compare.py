@@ -95,6 +95,7 @@ methods:
   - {label: b, method: standard, set: {top_k: many}}
   - {label: c, method: standard, set: {no_such_setting: 1}, baselines: [zzz]}
   - {label: c, method: standard}
+  - {label: "d, e", method: standard}
 expect:
   - {dataset: demo, method: nobody, metric: em, value: 1, tolerance: 1}
   - {dataset: demo, method: c}
@@ -107,7 +108,8 @@ headline: {short_form: accuracy}
                    "top_k expects an integer", "no setting 'no_such_setting'", "baseline 'zzz'",
                    "duplicate method labels ['c']", "unknown split 'aed_test'", "duplicate dataset names ['demo']", "method 'nobody'",
                    "needs dataset, method, metric, value and tolerance", "'accuracy' is not a metric",
-                   "datasets[1]: headline: long_form: 'em' is not a metric"):
+                   "datasets[1]: headline: long_form: 'em' is not a metric",
+                   "method labels ['d, e'] hold a comma"):
         assert needle in text, needle
 
 
