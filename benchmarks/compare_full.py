@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -125,14 +126,15 @@ def summarise(report_json: Path, report_dir: str) -> None:
     import statistics
     report = json.loads(report_json.read_text())
     datasets, rows, comps = report["datasets"], report["rows"], report["baselines"]
-    labels = list(dict.fromkeys(label for d in datasets for label in rows.get(d, {})))
+    labels = list(dict.fromkeys(r["label"] for r in report["runs"]))
+    status = {(r["dataset"], r["label"]): r["status"] for r in report["runs"]}
     quality, speed = [], []
     for label in labels:
         q, s = {"method": label}, {"method": label}
         for d in datasets:
             r = rows.get(d, {}).get(label)
             if r is None or r.get("status") == "failed" or not r.get("n"):
-                q[d] = s[d] = "failed" if r and r.get("status") == "failed" else "—"
+                q[d] = s[d] = {"failed": "failed", "not run": "not yet"}.get(status.get((d, label)), "—")
                 continue
             q[d] = f"{r[r['headline_metric']]:.1f}" + (f" ({r['dead_letters']} dead)" if r.get("dead_letters") else "")
             s[d] = f"{r['queries_per_s']:.3f}" if r.get("queries_per_s") else "—"
@@ -156,8 +158,9 @@ def summarise(report_json: Path, report_dir: str) -> None:
 
     def pair(method: str, baseline: str) -> list[dict]:
         return [x for d in datasets for x in comps.get(d, []) if x["method"] == method and x["baseline"] == baseline]
-    claims = {"jobs": sum(1 for r in report["runs"] if r["status"] != "not applicable"),
-              "failed": sum(1 for r in report["runs"] if r["status"] == "failed")}
+    jobs = [r for r in report["runs"] if r["status"] != "not applicable"]
+    claims = {"jobs": len(jobs), "finished": sum(1 for r in jobs if r["status"] not in ("failed", "not run")),
+              "failed": sum(1 for r in jobs if r["status"] == "failed")}
     for key, (m, b) in EXACT.items():
         xs = pair(m, b)
         claims[key] = f"{sum(x['same_answers'] for x in xs)}/{sum(x['n'] for x in xs)}" if xs else "none"
@@ -167,7 +170,13 @@ def summarise(report_json: Path, report_dir: str) -> None:
     for key, d in (("arc_standard_acc", "ARC-Challenge"), ("pubhealth_standard_acc", "PubHealth")):
         r = rows.get(d, {}).get("standard RAG") or {}
         claims[key] = r.get("accuracy", "none")
-    setup = (f"{machine_line(1)}; two Beam worker processes (FnApiRunner, multi_processing), one torch thread "
+    # the suite runs in pieces, possibly on more than one machine: say which processors timed how many runs
+    machines = Counter(" ".join([str(m["machine"].get("cpu")), *m["machine"].get("isa", [])])
+                       if (m or {}).get("machine") else "not recorded"
+                       for by_label in report["manifests"].values() for m in by_label.values())
+    timed_on = "; ".join(f"{n} run(s) on {cpu}" for cpu, n in machines.most_common()) or "no run yet"
+    setup = (f"{machine_line(1)} (this summary); runs timed on: {timed_on}. Two Beam worker processes "
+             f"(FnApiRunner, multi_processing), one torch thread "
              f"each, bfloat16 weights, up to 64 queries in flight per worker. The full report (tables with every "
              f"cost column, paired intervals, Pareto plots, examples with passages and traces, manifests): "
              f"`{report_dir}/compare.md`, `{report_dir}/compare.html`.\n")
