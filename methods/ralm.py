@@ -48,20 +48,23 @@ class RaLMSteps:
     def query_text(self, out: list[int]) -> str:
         return self.ctx.detokenize((self.question_ids + out)[-self.config.query_tokens:])
 
-    async def search(self, query: str) -> list[Hit]:
-        """The index's candidates for a query; the first is the document (ground truth)."""
+    async def search(self, query: str, first: bool = False) -> list[Hit]:
+        """The index's candidates for a query; the first is the document (ground truth). Empty
+        when no indexed term is in the query (degenerate generated text): the step then keeps
+        the previous step's document (``document_after``); only the question itself must find one."""
         hits = await self.ctx.retrieve(query, self.config.search_k, stage=self.stage)
-        if not hits:
+        if first and not hits:
             raise ValueError(f"the index returned no document for {query!r}")
         return hits
 
     async def search_many(self, queries: list[str]) -> list[list[Hit]]:
         """A verification: the queries of a round as one batched index retrieval."""
-        results = await self.ctx.retrieve_many(queries, self.config.search_k, stage=self.stage)
-        for q, hits in zip(queries, results):
-            if not hits:
-                raise ValueError(f"the index returned no document for {q!r}")
-        return results
+        return await self.ctx.retrieve_many(queries, self.config.search_k, stage=self.stage)
+
+    @staticmethod
+    def document_after(previous: Hit, hits: list[Hit]) -> Hit:
+        """A step's document: the index's top-1, or the previous step's when the index found none."""
+        return hits[0] if hits else previous
 
     def chunk(self, hit: Hit) -> Hit:
         """The document cut to ``doc_max_tokens`` tokens of the generator (once per document)."""
@@ -105,8 +108,10 @@ class RaLMSeqLoop:
         steps = RaLMSteps(item, ctx, self.config, self.name)
         out: list[int] = []
         docs: list[str] = []
+        doc = None
         while True:
-            doc = (await steps.search(steps.query_text(out)))[0]
+            hits = await steps.search(steps.query_text(out), first=doc is None)
+            doc = steps.document_after(doc, hits)
             docs.append(doc.doc_id)
             gen = await steps.step(doc, out)
             out += gen.token_ids

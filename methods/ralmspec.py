@@ -88,11 +88,12 @@ class RaLMSpecLoop:
             return _Speculated(query, doc, start, list(gen.token_ids), steps.finished(gen, out))
 
         # step 1 with the index's document (Algorithm 1, line 4)
-        first = await steps.search(steps.query_text(out))
+        first = await steps.search(steps.query_text(out), first=True)
         remember(first)
-        gen = await steps.step(first[0], out)
+        last_doc = first[0]  # the document of the last step kept: an empty search keeps it
+        gen = await steps.step(last_doc, out)
         out += gen.token_ids
-        docs.append(first[0].doc_id)
+        docs.append(last_doc.doc_id)
         done = steps.finished(gen, out)
         carried: list[_Speculated] = []  # a step speculated during the last verification
         while not done:
@@ -113,13 +114,16 @@ class RaLMSpecLoop:
                 if extra is not None:
                     extra.cancel()
                 raise
-            matched = _matched(round_, truths)
+            truth_docs = _truth_docs(last_doc, truths, steps)
+            matched = _matched(round_, truth_docs)
             scheduler.record_verification(time.perf_counter() - verify_start, len(round_), matched)
             stats.verifications += 1
             for hits in truths:
                 remember(hits)
             item.trace.count("speculation_accepted", matched)
             docs.extend(s.doc.doc_id for s in round_[:matched])
+            if matched:
+                last_doc = round_[matched - 1].doc
             if matched == len(round_):
                 if extra is not None:
                     carried = [await extra]
@@ -135,7 +139,7 @@ class RaLMSpecLoop:
             item.trace.count("speculation_rejected", rejected)
             item.trace.count("rollbacks")
             del out[bad.start:]
-            true_doc = truths[matched][0]
+            true_doc = last_doc = truth_docs[matched]
             gen = await steps.step(true_doc, out)
             out += gen.token_ids
             docs.append(true_doc.doc_id)
@@ -144,10 +148,19 @@ class RaLMSpecLoop:
         return steps.finalise(out, stats)
 
 
-def _matched(round_: list[_Speculated], truths: list[list[Hit]]) -> int:
-    """How many leading speculation steps guessed the index's top-1."""
-    for i, (s, hits) in enumerate(zip(round_, truths)):
-        if s.doc.doc_id != hits[0].doc_id:
+def _truth_docs(before: Hit, truths: list[list[Hit]], steps: RaLMSteps) -> list[Hit]:
+    """Each verified step's true document, as RaLMSeq picks it: the top-1, or the one before."""
+    out = []
+    for hits in truths:
+        before = steps.document_after(before, hits)
+        out.append(before)
+    return out
+
+
+def _matched(round_: list[_Speculated], truth_docs: list[Hit]) -> int:
+    """How many leading speculation steps guessed the true document."""
+    for i, (s, truth) in enumerate(zip(round_, truth_docs)):
+        if s.doc.doc_id != truth.doc_id:
             return i
     return len(round_)
 
