@@ -114,7 +114,7 @@ class RaLMSpecLoop:
                 if extra is not None:
                     extra.cancel()
                 raise
-            truth_docs = _truth_docs(last_doc, truths, steps)
+            truth_docs = _truth_docs(last_doc, truths)
             matched = _matched(round_, truth_docs)
             scheduler.record_verification(time.perf_counter() - verify_start, len(round_), matched)
             stats.verifications += 1
@@ -148,11 +148,11 @@ class RaLMSpecLoop:
         return steps.finalise(out, stats)
 
 
-def _truth_docs(before: Hit, truths: list[list[Hit]], steps: RaLMSteps) -> list[Hit]:
+def _truth_docs(before: Hit, truths: list[list[Hit]]) -> list[Hit]:
     """Each verified step's true document, as RaLMSeq picks it: the top-1, or the one before."""
     out = []
     for hits in truths:
-        before = steps.document_after(before, hits)
+        before = RaLMSteps.document_after(before, hits)
         out.append(before)
     return out
 

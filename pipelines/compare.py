@@ -148,8 +148,11 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
                 continue
             if report_only:
                 manifest = join(out, "manifest.json")
-                if exists(manifest):
-                    rec.status, rec.manifest = "reused", json.loads(read_text(manifest))
+                found = json.loads(read_text(manifest)) if exists(manifest) else None
+                if found and found.get("method") == method.method:
+                    rec.status, rec.manifest = "reused", found
+                elif found:  # a folder of another method: never reported under this label
+                    rec.status, rec.error = "not run", f"the run in {out} is of method {found.get('method')!r}"
                 else:
                     rec.status, rec.error = "not run", f"no finished run in {out} yet"
                 print(f"{step}: {rec.status}", flush=True)
