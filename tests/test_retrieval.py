@@ -54,6 +54,32 @@ def test_build_index_sends_bad_passages_to_dead_letters(tmp_path):
     assert [h.doc_id for h in r.search(["gamma"], 3)[0]] == ["c"]
 
 
+def test_a_rebuilt_index_keeps_its_identity(tmp_path, monkeypatch):
+    """Runs over an index stay comparable with runs over its rebuild: the fingerprint is what the
+    index holds, not when it was built or how its corpus's path was spelled."""
+    import json
+
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.transforms.runtime import _folder_fingerprint, manifest_fingerprint
+    rows = [{"id": "a", "title": "A", "text": "alpha beta"}, {"id": "c", "title": "C", "text": "gamma delta"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "corpus.parquet")
+    run_build_index(str(tmp_path / "corpus.parquet"), str(tmp_path / "first"), ["bm25"])
+    monkeypatch.chdir(tmp_path)
+    run_build_index("corpus.parquet", "again", ["bm25"])
+    again = json.loads((tmp_path / "again" / "manifest.json").read_text())
+    again["created"] = "2027-01-01T00:00:00Z"
+    (tmp_path / "again" / "manifest.json").write_text(json.dumps(again))
+    first = json.loads((tmp_path / "first" / "manifest.json").read_text())
+    assert first != again and list(first["corpus"]) != list(again["corpus"])
+    assert _folder_fingerprint(str(tmp_path / "first")) == _folder_fingerprint(str(tmp_path / "again"))
+    pq.write_table(pa.Table.from_pylist(rows[:1]), tmp_path / "other.parquet")
+    run_build_index("other.parquet", "other", ["bm25"])
+    assert _folder_fingerprint("other") != _folder_fingerprint("again")
+    store = {"entries": 9, "created": "2026-11-25T17:00:00Z", "kinds": {"flat": {"build_s": 0.41}}}
+    assert manifest_fingerprint(store) == manifest_fingerprint({**store, "created": "x", "kinds": {"flat": {"build_s": 3.0}}})
+    assert manifest_fingerprint(store) != manifest_fingerprint({**store, "entries": 10})
+
+
 def test_missing_kind_is_a_clear_error(pooled_bm25):
     with pytest.raises(ValueError, match="no 'dense' index"):
         open_retriever(pooled_bm25, "dense", lambda t: None)

@@ -139,14 +139,36 @@ def _manifest(folder: str, what: str, build: str) -> dict:
     return json.loads(files.read_text(path))
 
 
+# When and how fast a folder was built says nothing of what it holds, nor does how its corpus's path
+# was spelled (relative, absolute, which bucket): a rebuild of the same index or datastore (the
+# next sitting, another machine) must keep the runs made over it comparable.
+BUILD_RECORD_KEYS = frozenset({"created", "build_s"})
+
+
+def manifest_fingerprint(manifest: dict) -> str:
+    """What an index's or datastore's manifest says it holds (corpus content, kinds, parameters),
+    without its build record; ``v2:`` tells it from the whole-manifest hashes of earlier runs."""
+    import hashlib
+
+    def held(value):
+        if isinstance(value, dict):
+            return {k: sorted(map(held, v.values()), key=json.dumps) if k == "corpus" and isinstance(v, dict)
+                    else held(v) for k, v in value.items() if k not in BUILD_RECORD_KEYS}
+        return [held(v) for v in value] if isinstance(value, list) else value
+    return "v2:" + hashlib.sha256(json.dumps(held(manifest), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _folder_fingerprint(folder: str | None) -> str | None:
-    """An index or datastore is identified by its manifest (corpus fingerprint, kinds, parameters)."""
+    """A folder that names its own identity (a triplet set's ``fingerprint``) is that; an index or
+    datastore is what its manifest says it holds."""
     if not folder:
         return None
-    import hashlib
     from specrag.transforms import files
-    manifest = files.join(folder, "manifest.json")
-    return hashlib.sha256(files.read_bytes(manifest)).hexdigest()[:16] if files.exists(manifest) else None
+    path = files.join(folder, "manifest.json")
+    if not files.exists(path):
+        return None
+    manifest = json.loads(files.read_text(path))
+    return manifest["fingerprint"] if "fingerprint" in manifest else manifest_fingerprint(manifest)
 
 
 _LOCK = threading.Lock()
