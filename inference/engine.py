@@ -268,6 +268,7 @@ class Context:
         with self._busy("generation_s"):
             out = await self._engine.batcher("next_token", model).submit(request)
         self.trace.count("model_calls")
+        self.trace.count("prompt_tokens", out.prompt_tokens)  # prompt + continuation: each step reads them all
         self.trace.count("generated_tokens")
         return out
 

@@ -189,6 +189,7 @@ class Denoise:
             chosen = masked if step == c.steps else commit_positions(masked, out.confidence, c.tau_c)
             for i in chosen:
                 response[i] = out.argmax[i]
+            item.trace.count("generated_tokens", len(chosen))  # the window's positions, as they are committed
             record = SardiStep([d.doc_id for d in docs], committed=len(chosen), masked_left=len(masked) - len(chosen))
             trace.steps.append(record)
             if record.masked_left == 0:

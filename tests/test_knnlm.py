@@ -115,3 +115,5 @@ def test_knnlm_spec_equals_knnlm_token_for_token(kind, datastore_dir, lm_memo, i
         assert not diff, f"{kind} os3={os3}: {len(diff)} differ, e.g. {got[diff[0]]} vs {baseline[diff[0]]}"
         assert sum(s.trace.counts["speculation_accepted"] for s in states) > 0
         assert all(s.trace.method.cache_size > 0 for s in states)
+        # every step reads its prompt and continuation: more than one token per generated token
+        assert all(s.trace.counts["prompt_tokens"] > s.trace.counts["generated_tokens"] > 0 for s in states)

@@ -142,6 +142,7 @@ def test_loop_commits_by_threshold_refreshes_evidence_and_extracts_the_answer():
     item = _run(method, ctx)
     trace = item.trace.of(SARDITrace)
     assert [s.committed for s in trace.steps] == [1, 2, 1, 2] and trace.steps[-1].masked_left == 0
+    assert item.trace.counts["generated_tokens"] == 6  # every position of the window, once
     assert item.raw_output == "lynch born missoula ### montana" and item.answer == "montana"
     # the proxy after step 1: "lynch" committed, every other position's argmax exposed (tau_q = 0)
     assert trace.steps[0].query == "Where was the director born? lynch born missoula ### montana"
