@@ -174,7 +174,7 @@ def main() -> None:
         if not migration:
             continue
         m["run_fingerprint"] = run_fingerprint(m["identity"])
-        m["fingerprint_migration"] = migration
+        m["fingerprint_migration"] = {**m.get("fingerprint_migration", {}), **migration}  # an earlier pass kept
         moved += 1
         if not args.dry_run:
             path.write_text(json.dumps(m, indent=2, sort_keys=True, default=str))
