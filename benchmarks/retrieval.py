@@ -87,6 +87,26 @@ def synthetic_passages(n: int, seed: int = 7):
         pos += length
 
 
+def write_synthetic_corpus(path: Path, n: int) -> Path:
+    """``synthetic_passages(n)`` as a Parquet corpus, written 100k rows at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    writer, batch = None, []
+    for p in synthetic_passages(n):
+        batch.append(p)
+        if len(batch) == 100_000:
+            t = pa.Table.from_pylist(batch)
+            writer = writer or pq.ParquetWriter(path, t.schema)
+            writer.write_table(t)
+            batch = []
+    if batch:
+        t = pa.Table.from_pylist(batch)
+        writer = writer or pq.ParquetWriter(path, t.schema)
+        writer.write_table(t)
+    writer.close()
+    return path
+
+
 def build(corpus: Path, index: Path, kinds: list[str], matrix=None) -> float:
     """Build the index kinds; dense kinds from a given matrix (synthetic) or the Beam embedding job."""
     from specrag.pipelines.build_index import run_build_index
@@ -164,21 +184,7 @@ def main() -> int:
             record("pooled", kind, t, index, qfile)
 
     # (b) synthetic corpora
-    corpus = work / "synthetic.parquet"
-    writer = None
-    batch = []
-    for p in synthetic_passages(args.synthetic_passages):
-        batch.append(p)
-        if len(batch) == 100_000:
-            t = pa.Table.from_pylist(batch)
-            writer = writer or pq.ParquetWriter(corpus, t.schema)
-            writer.write_table(t)
-            batch = []
-    if batch:
-        t = pa.Table.from_pylist(batch)
-        writer = writer or pq.ParquetWriter(corpus, t.schema)
-        writer.write_table(t)
-    writer.close()
+    corpus = write_synthetic_corpus(work / "synthetic.parquet", args.synthetic_passages)
     texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
     rng = np.random.default_rng(11)
     squeries = [" ".join(rng.choice(texts[i].split(), size=5)) for i in rng.integers(0, len(texts), 640)]

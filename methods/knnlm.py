@@ -10,7 +10,9 @@ entries that follow each retrieved entry (the next contexts of the same text), n
 retrieved entries; and a speculation step is correct when it yields the same next token as
 the true neighbours would — then it needs no regeneration: the verification's own
 distribution gives the true token at the first mismatch. Asynchronous verification is not
-used for KNN-LM (as in the paper).
+used for KNN-LM (as in the paper). ``sequential_fallback`` (not in the paper, on by default):
+where the measured costs say speculation cannot pay, the loop takes KNN-LM's own step
+(methods/os3.py; a mismatch here costs no regeneration, only the lost steps).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class KNNLMSpecConfig(KNNLMConfig):
     os3_window: int = 5
     os3_gamma_max: float = 0.6
     os3_max_stride: int = 16
+    sequential_fallback: bool = True  # a plain KNN-LM step where speculation cannot pay
 
     def validate(self) -> None:
         super().validate()
@@ -128,21 +131,35 @@ class KNNLMSpecLoop:
         steps = _TokenSteps(item, ctx, cfg)
         store = ctx.datastore()
         cache = SpeculationCache()
-        scheduler = StrideScheduler(cfg.os3_window, cfg.os3_gamma_max, cfg.os3_max_stride)
+        scheduler = StrideScheduler(cfg.os3_window, cfg.os3_gamma_max, cfg.os3_max_stride, regenerates=False)
+        fixed = None if cfg.os3 else cfg.speculation_stride
         stats = SpeculationTrace()
         out: list[int] = []
-        state = await steps.state(out)  # the first token with the true neighbours
-        ids, dists = await ctx.knn(state.hidden, cfg.k)
-        cache.add(store.following(ids, cfg.follow))
-        done = steps.append(out, steps.token(state, ids, dists))
+
+        async def true_step() -> bool:
+            """KNN-LM's own step: the state, its true neighbours, the token."""
+            t0 = time.perf_counter()
+            state = await steps.state(out)
+            t1 = time.perf_counter()
+            ids, dists = await ctx.knn(state.hidden, cfg.k)
+            scheduler.record_generation(t1 - t0)
+            scheduler.record_search(time.perf_counter() - t1)
+            cache.add(store.following(ids, cfg.follow))
+            return steps.append(out, steps.token(state, ids, dists))
+
+        done = await true_step()  # the first token with the true neighbours
         while not done:
-            stride = scheduler.next_stride() if cfg.os3 else cfg.speculation_stride
+            stride = scheduler.plan(fixed) if cfg.sequential_fallback else (fixed or scheduler.next_stride())
             stats.stride_history.append(stride)
+            if stride == 0:  # speculation cannot pay here
+                done = await true_step()
+                continue
             guesses: list[_Guess] = []
             finished = False
             while len(guesses) < stride and not finished:
                 t0 = time.perf_counter()
                 state = await steps.state(out)
+                scheduler.record_generation(time.perf_counter() - t0)
                 c_ids, c_dists = ctx.knn_among(state.hidden, cache.ids, cfg.k) if len(cache) else ([], [])
                 guess = _Guess(len(out), state, steps.token(state, c_ids, c_dists))
                 guesses.append(guess)

@@ -11,6 +11,16 @@ a and b are the means of the last ``window`` measurements; γ is the maximum-lik
 estimate over the last ``window`` verifications, Σ M / (Σ M + Σ 1[M < s]) with M the
 matched count of a round of stride s, capped at ``gamma_max`` (paper: w=5, γmax=0.6).
 The stride starts at 1 (paper) until there is a measurement of each.
+
+Beyond the paper, ``plan`` decides whether a round can pay at all. It models the real
+costs: a speculation step (cache look-up + generation), a verification, the regeneration a
+mismatch costs (RaLMSpec regenerates the step with the true document; KNN-LM needs none:
+the verification yields the true token), against a sequential step (one index search + one
+generation, measured on the request's own real steps). Where retrieval is cheap (BM25 over a
+small corpus, ~1 ms against ~250 ms of generation) nothing can be saved and every mismatch
+costs a step, so the loop takes plain sequential steps — RaLMSeq's own — instead; it
+speculates again when the measured costs say it pays. Decisions are the trace's
+``stride_history`` (0 = a sequential step).
 """
 from __future__ import annotations
 
@@ -31,11 +41,19 @@ def round_latency(s: int, a: float, b: float, gamma: float, asynchronous: bool) 
     return all_match * ((s - 1) * a + max(a, b)) + (1.0 - all_match) * sync
 
 
-def best_stride(a: float, b: float, gamma: float, asynchronous: bool, max_stride: int) -> int:
+def best_stride(a: float, b: float, gamma: float, asynchronous: bool, max_stride: int,
+                regeneration: float = 0.0) -> int:
     """argmax_s verified documents per unit time; the smallest s among equals."""
-    def rate(s: int) -> float:
-        return expected_verified(gamma, s) / max(round_latency(s, a, b, gamma, asynchronous), 1e-12)
-    return max(range(1, max_stride + 1), key=lambda s: (rate(s), -s))
+    return max(range(1, max_stride + 1),
+               key=lambda s: (speculation_rate(s, a, b, gamma, asynchronous, regeneration), -s))
+
+
+def speculation_rate(s: int, a: float, b: float, gamma: float, asynchronous: bool,
+                     regeneration: float = 0.0) -> float:
+    """Expected steps kept per second by a round of stride s: the verified steps, and after a
+    mismatch (probability 1-γ^s) the corrected step, which costs ``regeneration``."""
+    latency = round_latency(s, a, b, gamma, asynchronous) + (1.0 - gamma ** s) * regeneration
+    return expected_verified(gamma, s) / max(latency, 1e-12)
 
 
 @dataclass
@@ -44,7 +62,11 @@ class StrideScheduler:
     gamma_max: float = 0.6
     max_stride: int = 16
     asynchronous: bool = False
+    regenerates: bool = True  # a mismatch regenerates its step (RaLMSpec), or not (KNN-LM)
     _steps: deque = field(default_factory=deque)
+    _searches: deque = field(default_factory=deque)  # single index searches (sequential steps)
+    _generations: deque = field(default_factory=deque)  # generation steps, any kind
+    _sequential_run: int = 0  # sequential steps since the last verification
     _verifications: deque = field(default_factory=deque)
     _rounds: deque = field(default_factory=deque)  # (stride, matched)
 
@@ -54,11 +76,20 @@ class StrideScheduler:
         self._steps = deque(maxlen=self.window)
         self._verifications = deque(maxlen=self.window)
         self._rounds = deque(maxlen=self.window)
+        self._searches = deque(maxlen=self.window)
+        self._generations = deque(maxlen=self.window)
+
+    def record_search(self, seconds: float) -> None:
+        self._searches.append(seconds)
+
+    def record_generation(self, seconds: float) -> None:
+        self._generations.append(seconds)
 
     def record_step(self, seconds: float) -> None:
         self._steps.append(seconds)
 
     def record_verification(self, seconds: float, stride: int, matched: int) -> None:
+        self._sequential_run = 0
         self._verifications.append(seconds)
         self._rounds.append((stride, matched))
 
@@ -75,3 +106,30 @@ class StrideScheduler:
         a = sum(self._steps) / len(self._steps)
         b = sum(self._verifications) / len(self._verifications)
         return best_stride(a, b, self.gamma(), self.asynchronous, self.max_stride)
+
+    def plan(self, stride: int | None = None) -> int:
+        """The next round: its stride (``stride`` fixed, or OS³'s over the real costs), or 0 for
+        a sequential step when no stride is expected to keep steps faster than sequential steps
+        do. Before a speculation step or verification is measured, a step is estimated as one
+        generation and a verification as one search, and γ as ``gamma_max``; γ returns to that
+        prior after ``window`` sequential steps, so one unlucky round does not rule speculation
+        out for the rest of the request where the costs favour it."""
+        if not self._searches or not self._generations:
+            return stride or self.next_stride()
+        search = _mean(self._searches)
+        generation = _mean(self._generations)
+        a = _mean(self._steps) if self._steps else generation
+        b = _mean(self._verifications) if self._verifications else search
+        fresh = self._rounds and self._sequential_run < self.window
+        gamma = self.gamma() if fresh else self.gamma_max
+        regeneration = generation if self.regenerates else 0.0
+        if stride is None:
+            stride = best_stride(a, b, gamma, self.asynchronous, self.max_stride, regeneration)
+        sequential_rate = 1.0 / max(search + generation, 1e-12)
+        pays = speculation_rate(stride, a, b, gamma, self.asynchronous, regeneration) > sequential_rate
+        self._sequential_run = 0 if pays else self._sequential_run + 1
+        return stride if pays else 0
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values)

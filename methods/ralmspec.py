@@ -8,7 +8,10 @@ queries. The first mismatch rolls the output back to that step, which is regener
 the true document (exactly RaLMSeq's step). Verified results go into the cache.
 
 Extras, each switchable: ``prefetch`` (top-``search_k`` of every index retrieval into the
-cache, paper 20), ``os3`` (stride from methods/os3.py, starting at 1), and
+cache, paper 20), ``os3`` (stride from methods/os3.py, starting at 1),
+``sequential_fallback`` (not in the paper, on by default: before each round the measured
+costs decide whether speculation can pay; where it cannot — cheap retrieval — the loop takes
+RaLMSeq's own sequential step, with no cache look-up and nothing to roll back), and
 ``async_verification`` (one more speculation step runs while the round is verified —
 concurrent tasks on the engine: the index search in the retriever's thread, the cache
 lookup and generation in theirs; kept if the round verifies, dropped otherwise).
@@ -34,6 +37,7 @@ class RaLMSpecConfig(RaLMConfig):
     prefetch: bool = False  # P: cache the top-search_k of every index retrieval, not just the top-1
     os3: bool = False  # S: adaptive stride
     async_verification: bool = False  # A: one speculation step overlapped with verification
+    sequential_fallback: bool = True  # a sequential step where speculation cannot pay (methods/os3.py)
     os3_window: int = 5
     os3_gamma_max: float = 0.6
     os3_max_stride: int = 16
@@ -66,6 +70,7 @@ class RaLMSpecLoop:
         steps = RaLMSteps(item, ctx, cfg, self.name)
         cache, known = SpeculationCache(), {}
         scheduler = StrideScheduler(cfg.os3_window, cfg.os3_gamma_max, cfg.os3_max_stride, cfg.async_verification)
+        fixed = None if cfg.os3 else cfg.speculation_stride
         stats = SpeculationTrace()
         out: list[int] = []
         docs: list[str] = []
@@ -81,23 +86,46 @@ class RaLMSpecLoop:
             ids = cache.ids  # a snapshot: a verification may add documents while we wait
             doc = known[cache.best(await ctx.score_docs(query, ids), ids)]
             start = len(out)
-            gen = await steps.step(doc, out)
+            gen = await generate(doc)
             out.extend(gen.token_ids)
             stats.speculation_steps += 1
             scheduler.record_step(time.perf_counter() - start_t)
             return _Speculated(query, doc, start, list(gen.token_ids), steps.finished(gen, out))
 
+        async def generate(doc: Hit):
+            start_t = time.perf_counter()
+            gen = await steps.step(doc, out)
+            scheduler.record_generation(time.perf_counter() - start_t)
+            return gen
+
+        async def search(first: bool = False) -> list[Hit]:
+            start_t = time.perf_counter()
+            hits = await steps.search(steps.query_text(out), first=first)
+            scheduler.record_search(time.perf_counter() - start_t)
+            remember(hits)
+            return hits
+
         # step 1 with the index's document (Algorithm 1, line 4)
-        first = await steps.search(steps.query_text(out), first=True)
-        remember(first)
-        last_doc = first[0]  # the document of the last step kept: an empty search keeps it
-        gen = await steps.step(last_doc, out)
+        last_doc = (await search(first=True))[0]  # the document of the last step kept: an empty search keeps it
+        gen = await generate(last_doc)
         out += gen.token_ids
         docs.append(last_doc.doc_id)
         done = steps.finished(gen, out)
         carried: list[_Speculated] = []  # a step speculated during the last verification
         while not done:
-            stride = scheduler.next_stride() if cfg.os3 else cfg.speculation_stride
+            if cfg.sequential_fallback:
+                stride = scheduler.plan(fixed)
+            else:
+                stride = fixed or scheduler.next_stride()
+            if stride == 0 and not carried:  # RaLMSeq's step: speculation cannot pay here
+                stats.stride_history.append(0)
+                last_doc = steps.document_after(last_doc, await search())
+                gen = await generate(last_doc)
+                out += gen.token_ids
+                docs.append(last_doc.doc_id)
+                done = steps.finished(gen, out)
+                continue
+            stride = max(stride, 1)
             stats.stride_history.append(stride)
             round_: list[_Speculated] = list(carried)
             carried = []
@@ -140,7 +168,7 @@ class RaLMSpecLoop:
             item.trace.count("rollbacks")
             del out[bad.start:]
             true_doc = last_doc = truth_docs[matched]
-            gen = await steps.step(true_doc, out)
+            gen = await generate(true_doc)
             out += gen.token_ids
             docs.append(true_doc.doc_id)
             done = steps.finished(gen, out)

@@ -56,7 +56,13 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "triplets", help="triplet sets of the index's passages (`specrag extract-triplets` writes them; "
                                       "AED-RAG reads them)")
         _flag(group, "retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
+        _flag(group, "exact_scan", default="int8", choices=("int8", "bf16", "fp32", "faiss"),
+              help="candidate pass of exact dense and datastore search on CPU (results are exact in every "
+                   "case): int8 (fbgemm; default), bf16 (AMX CPUs), fp32, or faiss (FAISS's own scan)")
         _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
+        _flag(group, "prefix_cache_mb", type=int, default=0,
+              help="prefix KV reuse: MiB of prompt KV blocks each local LM keeps per worker (0: off); a request "
+                   "that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
         _flag(group, "dtype", default="float32", help="float32 | bfloat16 (faster on AMX CPUs, not bit-equal)")
         _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
         _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
@@ -94,7 +100,8 @@ class RuntimeOptions(PipelineOptions):
                                                  stage_timeout_s=self.stage_timeout,
                                                  queue_timeout_s=self.queue_timeout),
                              triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind,
-                             triplets_dir=self.triplets)
+                             triplets_dir=self.triplets, exact_scan=self.exact_scan,
+                             prefix_cache_mb=self.prefix_cache_mb)
 
 
 class OutputOptions(PipelineOptions):

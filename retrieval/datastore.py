@@ -11,21 +11,23 @@ Layout::
       keys.npy        float32 [entries, hidden]     values.npy  int64 [entries]
       flat.faiss      exact L2                      hnsw.faiss  approximate L2 (M=32)
 
-Search fetches k+8 candidates (FAISS, or one blocked scan for a batch of 3+ flat queries —
-retrieval/flat_scan.py) and re-ranks them by the canonical per-pair squared L2
-(``distances``): results do not depend on the search path or the batch, and a cache ranks
-exactly alike.
+A flat search scans a low-precision copy of the keys (retrieval/exact_batch.py: int8 by
+default; a batch of queries costs about one) for a proven superset of the exact top-k; HNSW
+fetches k+8 candidates. Either is re-ranked by the canonical per-pair squared L2
+(``distances``): results do not depend on the search path, the batch or the precision, and
+a cache ranks exactly alike.
 """
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from specrag.retrieval.flat_scan import BATCH_FROM, top_k_candidates
+from specrag.retrieval.exact_batch import PRECISIONS, LowPrecisionScan
 
 KINDS = ("flat", "hnsw")
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 200, 128
@@ -64,8 +66,12 @@ def write_datastore(keys: np.ndarray, values: np.ndarray, out: Path, model: str,
 class Datastore:
     """k-nearest contexts of a hidden state, their next tokens, and their successors."""
 
-    def __init__(self, path: Path | str, kind: str = "flat"):
+    def __init__(self, path: Path | str, kind: str = "flat", scan_precision: str | None = "int8"):
+        """``scan_precision``: the flat search's candidate pass (int8, bf16, fp32), or None for
+        FAISS's own fp32 search."""
         import faiss
+        if scan_precision is not None and scan_precision not in PRECISIONS:
+            raise ValueError(f"scan_precision must be one of {PRECISIONS} or None, got {scan_precision!r}")
         path = Path(path)
         manifest_file = path / "manifest.json"
         if not manifest_file.exists():
@@ -80,7 +86,16 @@ class Datastore:
         self.index = faiss.read_index(str(path / f"{kind}.faiss"))
         if kind == "hnsw":
             self.index.hnsw.efSearch = HNSW_EF_SEARCH
-        self._norms: np.ndarray | None = None
+        self.scan_precision = scan_precision if kind == "flat" else None
+        self._scan: LowPrecisionScan | None = None
+        self._scan_lock = threading.Lock()
+
+    def scan(self) -> LowPrecisionScan:
+        """The low-precision copy of the keys, built on first use."""
+        with self._scan_lock:
+            if self._scan is None:
+                self._scan = LowPrecisionScan(self.keys, self.scan_precision)
+            return self._scan
 
     def __len__(self) -> int:
         return len(self.values)
@@ -106,23 +121,18 @@ class Datastore:
             return []
         q = np.ascontiguousarray(np.stack([np.asarray(v, dtype=np.float32) for v in vectors]))
         k = min(k, len(self))
-        wanted = min(k + CANDIDATE_MARGIN, len(self))  # spare candidates, re-ranked canonically
-        if self.kind == "flat" and len(q) >= BATCH_FROM:
-            ids = top_k_candidates(self.keys, q, wanted, "l2", self._row_norms())
+        if self.scan_precision is not None:
+            ids = self.scan().candidates(q, k, "l2")
         else:
-            _, ids = self.index.search(q, wanted)
+            _, ids = self.index.search(q, min(k + CANDIDATE_MARGIN, len(self)))  # spare candidates
         out = []
         for qv, row in zip(q, ids):
+            row = np.asarray(row, dtype=np.int64)
             row = row[row >= 0]
             dist = self.distances(qv, row)
             order = np.lexsort((row, dist))[:k]
             out.append((row[order].astype(np.int64), dist[order]))
         return out
-
-    def _row_norms(self) -> np.ndarray:
-        if self._norms is None:
-            self._norms = np.einsum("ij,ij->i", self.keys, self.keys, dtype=np.float32)
-        return self._norms
 
     def nearest_among(self, vector: np.ndarray, ids: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest of the given entries (a speculation cache), ranked as ``search`` ranks."""

@@ -2,7 +2,9 @@
 
 ``flat`` is exact inner product; ``hnsw`` (HNSW graph) and ``ivf`` (inverted lists over
 seeded k-means cells) are approximate. All keep the full vectors, so a hit's score is the
-exact dot product, and ``score`` computes the same for any document. On a machine where
+exact dot product, and ``score`` computes the same for any document. On CPU a flat search
+scans a low-precision copy (retrieval/exact_batch.py: int8 by default, a batch of queries
+for about the cost of one) and re-scores its proven candidates exactly. On a machine where
 ``faiss-gpu`` is installed and sees a GPU, flat and IVF indexes are searched on it.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specrag.retrieval.base import DocStore, Hit
-from specrag.retrieval.flat_scan import BATCH_FROM, top_k_candidates
+from specrag.retrieval.exact_batch import PRECISIONS, LowPrecisionScan
 
 
 VECTORS = "vectors.npy"  # the embedding matrix in document-store row order, shared by the kinds
@@ -82,7 +84,7 @@ def _maybe_gpu(index):
 
 
 RECENT_QUERIES = 4096  # query vectors kept (LRU)
-CANDIDATE_MARGIN = 8  # candidates beyond k, re-scored canonically: rankings independent of the search path
+CANDIDATE_MARGIN = 8  # FAISS paths: candidates beyond k, re-scored canonically
 
 
 def _pair_score(vector: np.ndarray, query: np.ndarray) -> float:
@@ -96,8 +98,12 @@ class DenseRetriever:
     kind = "dense"
 
     def __init__(self, index_dir: Path, store: DocStore, embed: Callable[[list[str]], np.ndarray],
-                 vectors: Path | None = None):
+                 vectors: Path | None = None, scan_precision: str | None = "int8"):
+        """``scan_precision``: the exact flat search's candidate pass on CPU (int8, bf16, fp32),
+        or None for FAISS's own fp32 search."""
         import faiss
+        if scan_precision is not None and scan_precision not in PRECISIONS:
+            raise ValueError(f"scan_precision must be one of {PRECISIONS} or None, got {scan_precision!r}")
         self.store = store
         files = sorted(index_dir.glob("shard-*.faiss"))
         if not files:
@@ -115,6 +121,16 @@ class DenseRetriever:
         self._recent_lock = threading.Lock()
         self.exact = all(isinstance(faiss.downcast_index(i), faiss.IndexFlat) for _, i in self.shards)
         self.on_gpu = any("Gpu" in type(i).__name__ for _, i in self.shards)
+        self.scan_precision = scan_precision if self.exact and not self.on_gpu else None
+        self._scan: LowPrecisionScan | None = None
+        self._scan_lock = threading.Lock()
+
+    def scan(self) -> LowPrecisionScan:
+        """The low-precision copy, built on first use (seconds per million vectors)."""
+        with self._scan_lock:
+            if self._scan is None:
+                self._scan = LowPrecisionScan(self.vectors, self.scan_precision)
+            return self._scan
 
     def _embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         """Each query alone: a padded batch would change a query's vector in the last bits,
@@ -137,25 +153,26 @@ class DenseRetriever:
         return np.ascontiguousarray(np.stack(out), dtype=np.float32)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        """FAISS finds the candidates; their scores are then recomputed pair by pair (``score``'s
-        function), so a result does not depend on whether FAISS took its BLAS path for a large
-        batch or its per-query path (they differ in the last bits)."""
+        """The candidates (a proven superset from the low-precision scan, or FAISS's top-k plus
+        a margin) are re-scored pair by pair (``score``'s function), so a result does not depend
+        on the search path, the batch or the precision."""
         k = min(k, len(self.store))
         if not queries:
             return []
         q = self._embed_queries(queries)
-        wanted = min(k + CANDIDATE_MARGIN, len(self.store))  # spare candidates: see module doc
-        if self.exact and len(queries) >= BATCH_FROM and not self.on_gpu:
-            rows = top_k_candidates(self.vectors, q, wanted, "ip")
+        if self.scan_precision is not None:
+            rows = self.scan().candidates(q, k, "ip")
         else:
+            wanted = min(k + CANDIDATE_MARGIN, len(self.store))
             parts = []
             for offset, index in self.shards:
                 _, found = index.search(q, min(wanted, index.ntotal))
                 parts.append(np.where(found >= 0, found + offset, -1))
-            rows = np.concatenate(parts, axis=1)
+            rows = list(np.concatenate(parts, axis=1))
         out = []
         for qv, rr in zip(q, rows):
-            rr = np.array([r for r in rr if r >= 0], dtype=np.int64)
+            rr = np.asarray(rr, dtype=np.int64)
+            rr = np.sort(rr[rr >= 0])  # sorted gathers read the memory-mapped vectors in order
             ss = np.array([_pair_score(self.vectors[r], qv) for r in rr], dtype=np.float64)
             order = np.lexsort((rr, -ss))[:k]  # best score first, ties by row: shard-independent
             out.append([self.store.hit(int(rr[i]), ss[i]) for i in order])

@@ -91,8 +91,10 @@ def read_manifest(index_dir: Path) -> dict:
 
 
 def open_retriever(index_dir: Path | str, kind: str,
-                   embed: Callable[[list[str]], np.ndarray] | None = None) -> Retriever:
-    """Open one kind of an index folder; dense needs the query embedder."""
+                   embed: Callable[[list[str]], np.ndarray] | None = None,
+                   scan_precision: str | None = "int8") -> Retriever:
+    """Open one kind of an index folder; dense needs the query embedder. ``scan_precision``:
+    the exact (flat) search's candidate pass (retrieval/exact_batch.py), None for FAISS's."""
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)
     if kind not in manifest["kinds"]:
@@ -104,6 +106,7 @@ def open_retriever(index_dir: Path | str, kind: str,
         return cls(index_dir / kind, store)
     if embed is None:
         raise ValueError(f"{kind} retrieval needs a query embedder")
-    retriever = cls(index_dir / kind, store, embed)
+    extra = {"scan_precision": scan_precision} if DENSE_KINDS[kind] == "flat" else {}
+    retriever = cls(index_dir / kind, store, embed, **extra)
     retriever.kind = kind
     return retriever

@@ -166,6 +166,28 @@ def embedder():
     return load_backend("local", "all-minilm-l6-v2", 1)
 
 
+@pytest.fixture(scope="session")
+def prefix_generator(generator):
+    """The session's SmolLM2 weights behind a second backend object with prefix KV reuse
+    (16-token blocks, so short test prompts span several); each call gives it a fresh cache
+    (``budget`` bytes), as a new worker would have."""
+    from specrag.inference.local import LocalModelConfig
+    from specrag.inference.prefix_cache import PrefixKVCache
+    impl = generator._impl
+    clone = object.__new__(type(impl))
+    clone.__dict__.update(impl.__dict__)
+    clone.config = LocalModelConfig(impl.config.model, prefix_cache_mb=64, prefix_block_tokens=16)
+    clone.stats = dict(impl.stats)
+    backend = object.__new__(type(generator))
+    backend.__dict__.update(generator.__dict__)
+    backend._impl = clone
+
+    def fresh(budget: int = 64 << 20):
+        clone.prefix_cache = PrefixKVCache(16, budget)
+        return backend
+    return fresh
+
+
 class StepMemo:
     """The real generator behind a memo of its batch-invariant greedy steps and next-token states.
 

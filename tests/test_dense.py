@@ -43,3 +43,25 @@ def test_sharded_flat_search_equals_unsharded(pooled_dense, embedder, queries, t
     for a, b in zip(sharded.search(queries[:50], 10), whole.search(queries[:50], 10)):
         assert [h.doc_id for h in a] == [h.doc_id for h in b]
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16", "fp32"])
+def test_batched_exact_search_equals_per_query_fp32_search(pooled_dense, embedder, queries, precision):
+    """Any batch size and candidate precision gives the exact fp32 top-k: ids, scores and ties
+    by row, as the canonical scores of every vector rank them, and as FAISS's per-query scan."""
+    from specrag.retrieval.base import DocStore
+    from specrag.retrieval.dense import DenseRetriever, _pair_score
+    store = DocStore(pooled_dense / "passages.parquet")
+    scan = DenseRetriever(pooled_dense / "dense", store, embedder.embed, scan_precision=precision)
+    faiss_path = DenseRetriever(pooled_dense / "dense", store, embedder.embed, scan_precision=None)
+    asked = queries[:16]
+    vectors = np.load(pooled_dense / "vectors.npy")
+    want = []
+    for q in scan._embed_queries(asked):
+        canon = np.array([_pair_score(v, q) for v in vectors])
+        top = np.lexsort((np.arange(len(vectors)), -canon))[:20]
+        want.append([(store.hit(int(r), canon[r]).doc_id, canon[r]) for r in top])
+    for size in (1, 2, 3, 4, 8, 16):
+        got = [hit for lo in range(0, len(asked), size) for hit in scan.search(asked[lo:lo + size], 20)]
+        assert [[(h.doc_id, h.score) for h in hits] for hits in got] == want, size
+    assert [[(h.doc_id, h.score) for h in hits] for hits in faiss_path.search(asked[:4], 20)] == want[:4]

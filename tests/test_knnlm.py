@@ -62,6 +62,28 @@ def test_datastore_holds_teacher_forced_states_in_corpus_order(datastore_dir, ge
 
 
 @pytest.mark.slow
+def test_batched_datastore_search_equals_per_query_exact_search(datastore_dir):
+    """Flat search over real hidden states, any batch size and candidate precision: the exact
+    fp32 k nearest (ids, distances, ties by id) as the canonical distances of every entry rank them."""
+    from specrag.retrieval.datastore import Datastore
+    rng = np.random.default_rng(0)
+    stores = {p: Datastore(datastore_dir, "flat", scan_precision=p) for p in ("int8", "bf16", "fp32", None)}
+    keys = np.asarray(stores[None].keys)
+    picked = rng.choice(len(keys) - 1, 16, replace=False)
+    queries = [keys[i] if j % 2 else (keys[i] + keys[i + 1]) / 2 for j, i in enumerate(picked)]  # on and off entries
+    everything = np.arange(len(keys))
+    want = []
+    for q in queries:
+        dist = stores[None].distances(q, everything)
+        top = np.lexsort((everything, dist))[:16]
+        want.append((top.tolist(), dist[top].tolist()))
+    for precision, store in stores.items():
+        for size in (1, 2, 3, 4, 8, 16) if precision == "int8" else (16,):
+            got = [r for lo in range(0, 16, size) for r in store.search(queries[lo:lo + size], 16)]
+            assert [(ids.tolist(), d.tolist()) for ids, d in got] == want, (precision, size)
+
+
+@pytest.mark.slow
 def test_max_entries_runs_the_model_over_the_needed_passages_only_with_the_same_entries(datastore_dir, tmp_path):
     """A capped datastore is the first N entries of the full one, built from the passages that
     hold them (not the whole corpus, as it was when the cap was applied after the job)."""
@@ -108,12 +130,38 @@ def test_knnlm_spec_equals_knnlm_token_for_token(kind, datastore_dir, lm_memo, i
     settings = dict(k=16, max_new_tokens=16)
     baseline = {s.id: s.trace.method.output_ids for s in run(create_method("knnlm", **settings))}
     assert sum(map(len, baseline.values())) > 4 * len(queries)
-    for os3 in (False, True):
-        states = run(create_method("knnlm-spec", os3=os3, **settings))
+    for os3, fallback in ((False, False), (True, False), (True, True)):
+        states = run(create_method("knnlm-spec", os3=os3, sequential_fallback=fallback, **settings))
         got = {s.id: s.trace.method.output_ids for s in states}
         diff = [q for q in baseline if got[q] != baseline[q]]
-        assert not diff, f"{kind} os3={os3}: {len(diff)} differ, e.g. {got[diff[0]]} vs {baseline[diff[0]]}"
-        assert sum(s.trace.counts["speculation_accepted"] for s in states) > 0
+        assert not diff, f"{kind} os3={os3} fallback={fallback}: {len(diff)} differ, e.g. {got[diff[0]]} vs {baseline[diff[0]]}"
+        assert fallback or sum(s.trace.counts["speculation_accepted"] for s in states) > 0
         assert all(s.trace.method.cache_size > 0 for s in states)
         # every step reads its prompt and continuation: more than one token per generated token
         assert all(s.trace.counts["prompt_tokens"] > s.trace.counts["generated_tokens"] > 0 for s in states)
+
+
+@pytest.mark.slow
+def test_knnlm_spec_equals_knnlm_with_prefix_reuse(datastore_dir, prefix_generator, imported):
+    """Every KNN-LM step extends the last one's prefix: with prefix KV reuse shared by both loops
+    the outputs stay equal and most of each step's prefix comes from the cache."""
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.methods import create_method
+    from specrag.methods.local_run import run_method
+    from specrag.retrieval.datastore import Datastore
+    from specrag.schemas import validate_query
+    store = Datastore(datastore_dir, "flat")
+    queries = [validate_query(r) for r in pq.read_table(imported / "nq" / "queries.parquet").to_pylist()[:4]]
+    model = prefix_generator()
+
+    def run(method):
+        engine = Engine(Services(models={"generator": model}, datastore=store), EngineConfig(max_batch=16))
+        states, failures = run_method(engine, method, queries)
+        engine.close()
+        assert not failures, failures[:3]
+        return {s.id: s.trace.method.output_ids for s in states}
+
+    baseline = run(create_method("knnlm", k=16, max_new_tokens=16))
+    assert run(create_method("knnlm-spec", k=16, max_new_tokens=16, sequential_fallback=False)) == baseline
+    stats = model._impl.prefix_cache.stats
+    assert stats["reused_tokens"] > 2 * stats["computed_tokens"]

@@ -100,3 +100,41 @@ def test_one_token_options_after_one_prompt_share_a_row_and_equal_scoring_each_a
         alone = generator.score([req])[0]
         assert got.tokens == alone.tokens and got.prompt_tokens == alone.prompt_tokens
         np.testing.assert_allclose(got.token_logprobs, alone.token_logprobs, atol=1e-4)
+
+
+def _ralm_steps(model, prompt: str, steps: int) -> list:
+    """RaLM-style requests: each continues the previous one's tokens (batch-invariant rows)."""
+    out, gens = [], []
+    for _ in range(steps):
+        gen = model.generate([GenerateRequest(prompt, max_new_tokens=4, continuation_ids=tuple(out),
+                                              batch_invariant=True)])[0]
+        gens.append((gen.token_ids, gen.token_logprobs))
+        out += gen.token_ids
+    return gens
+
+
+def test_prefix_reuse_returns_the_tokens_of_a_cold_cache(prefix_generator):
+    """Warm (blocks of earlier steps and prompts), cold (a new cache for every request) and a
+    cache too small to keep anything give the same tokens and log-probabilities, bit for bit;
+    so do next-token states (KNN-LM)."""
+    from specrag.inference.types import NextTokenRequest
+    warm = prefix_generator()
+    warm_out = [_ralm_steps(warm, p, 4) for p in PROMPTS[2:]]
+    assert warm._impl.prefix_cache.stats["reused_tokens"] > warm._impl.prefix_cache.stats["computed_tokens"] / 2
+    cold_out = []
+    for p in PROMPTS[2:]:
+        gens, out = [], []
+        for _ in range(4):
+            gen = prefix_generator().generate([GenerateRequest(p, max_new_tokens=4, continuation_ids=tuple(out),
+                                                               batch_invariant=True)])[0]
+            gens.append((gen.token_ids, gen.token_logprobs))
+            out += gen.token_ids
+        cold_out.append(gens)
+    assert warm_out == cold_out
+    tiny = prefix_generator(budget=1)  # evicts everything
+    assert [_ralm_steps(tiny, p, 4) for p in PROMPTS[2:]] == warm_out and len(tiny._impl.prefix_cache) == 0
+    ids = tuple(t for ids, _ in warm_out[0] for t in ids)
+    states = [warm.next_token([NextTokenRequest(PROMPTS[2], ids[:n])])[0] for n in range(0, len(ids), 3)]
+    again = [prefix_generator().next_token([NextTokenRequest(PROMPTS[2], ids[:n])])[0] for n in range(0, len(ids), 3)]
+    for a, b in zip(states, again):
+        assert np.array_equal(a.hidden, b.hidden) and np.array_equal(a.logprobs, b.logprobs)

@@ -68,6 +68,137 @@ def test_bm25_cache_scores_equal_search_scores(pooled_bm25, imported):
         assert retriever.score(q, [h.doc_id for h in hits]) == [h.score for h in hits]
 
 
+# -- the cost model: speculate where it pays, sequential steps where it cannot (fake cost clock) --
+class _Clock:
+    """Model time: each backend call advances it by that call's cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _ClockedLM:
+    """A deterministic generator: a step's tokens depend on its document and position; each
+    batched call costs ``cost`` model seconds."""
+
+    name, capabilities, eos_ids = "clocked-lm", frozenset({"generate"}), (0,)
+
+    def __init__(self, clock: _Clock, cost: float, length: int = 24):
+        self.clock, self.cost, self.length, self.calls = clock, cost, length, 0
+
+    def tokenize(self, texts):
+        return [[3 + len(w) for w in t.split()] for t in texts]
+
+    def detokenize(self, ids):
+        return [" ".join("w" * max(i - 2, 1) for i in row) for row in ids]
+
+    def generate(self, requests):
+        from specrag.inference.types import Generation
+        self.clock.now += self.cost
+        self.calls += 1
+        out = []
+        for r in requests:
+            doc = int(r.prompt.split("doc-", 1)[1][:1])
+            n = min(r.max_new_tokens, self.length - len(r.continuation_ids))
+            ids = [3 + (doc + len(r.continuation_ids) + i) % 5 for i in range(n)]
+            out.append(Generation(" ".join("w" * i for i in ids), ids, [0.0] * n, 10,
+                                  "stop" if len(r.continuation_ids) + n >= self.length else "length"))
+        return out
+
+
+class _ClockedIndex:
+    """Five documents ranked by a fixed function of the query; a search call costs ``cost``."""
+
+    kind = "bm25"
+
+    def __init__(self, clock: _Clock, cost: float):
+        from specrag.retrieval.base import Hit
+        self.clock, self.cost, self.searches = clock, cost, 0
+        self.docs = [Hit(f"doc-{i}", 0.0, f"doc-{i}", f"doc-{i} text") for i in range(5)]
+
+    def _score(self, query: str, doc_id: str) -> float:
+        return float((len(query.split()) // 12 + int(doc_id[-1])) % 5)  # the top document changes slowly
+
+    def search(self, queries, k):
+        from specrag.retrieval.base import Hit
+        self.clock.now += self.cost
+        self.searches += 1  # one call, however many queries (a verification is one batched search)
+        out = []
+        for q in queries:
+            ranked = sorted(self.docs, key=lambda d: (-self._score(q, d.doc_id), d.doc_id))[:k]
+            out.append([Hit(d.doc_id, self._score(q, d.doc_id), d.title, d.text) for d in ranked])
+        return out
+
+    def score(self, query, doc_ids):
+        return [self._score(query, d) for d in doc_ids]
+
+
+@pytest.mark.parametrize("search_s, generate_s, speculates", [(0.001, 0.25, False), (1.0, 0.05, True)])
+def test_speculation_falls_back_to_sequential_steps_where_it_cannot_pay(monkeypatch, search_s, generate_s,
+                                                                           speculates):
+    """Cheap retrieval: after the first real step every step is RaLMSeq's own (stride 0 in the
+    trace), with no cache look-up and no rollback. Slow retrieval: it speculates. Either way the
+    output is RaLMSeq's."""
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.methods import create_method, ralmspec
+    from specrag.methods.local_run import run_method
+    from specrag.schemas import validate_query
+    clock = _Clock()
+    monkeypatch.setattr(ralmspec, "time", clock)
+    queries = [validate_query({"id": f"q{i}", "question": "which w" + "w" * i + " is it", "dataset": "t"})
+               for i in range(4)]
+
+    def run(method):
+        lm, index = _ClockedLM(clock, generate_s), _ClockedIndex(clock, search_s)
+        engine = Engine(Services(models={"generator": lm}, retriever=index), EngineConfig(max_in_flight=1))
+        try:
+            states, failures = run_method(engine, method, queries)
+        finally:
+            engine.close()
+        assert not failures, failures
+        return {s.id: s for s in states}, index
+
+    settings = dict(stride=4, max_new_tokens=24, doc_max_tokens=48, query_tokens=32)
+    baseline, _ = run(create_method("ralmseq", **settings))
+    for extra in (dict(), dict(os3=True, prefetch=True)):
+        states, index = run(create_method("ralmspec", **settings, **extra))
+        for qid, s in states.items():
+            assert s.trace.method.output_ids == baseline[qid].trace.method.output_ids
+            assert s.trace.method.step_docs == baseline[qid].trace.method.step_docs
+            history = s.trace.method.stride_history
+            assert len([h for h in history if h]) == s.trace.method.verifications
+            if not speculates:
+                assert history and set(history) == {0}
+                assert s.trace.counts["cache_hits"] == 0 and s.trace.counts["rollbacks"] == 0
+                assert s.trace.method.speculation_steps == 0
+            else:
+                assert any(history) and s.trace.method.speculation_steps > 0
+        if speculates:  # fewer index calls than one a step
+            assert index.searches < sum(len(s.trace.method.step_docs) for s in baseline.values())
+
+
+def test_plan_compares_speculation_with_a_sequential_step():
+    cheap = StrideScheduler()
+    cheap.record_search(0.001)
+    cheap.record_generation(0.25)
+    assert cheap.plan(3) == 0 and cheap.plan() == 0
+    slow = StrideScheduler()
+    slow.record_search(1.0)
+    slow.record_generation(0.25)
+    assert slow.plan(3) == 3 and slow.plan() > 1
+    # KNN-LM: no regeneration after a mismatch, so speculation pays earlier
+    for regenerates, want in ((True, 0), (False, 3)):
+        s = StrideScheduler(regenerates=regenerates)
+        s.record_search(0.15)
+        s.record_generation(0.1)
+        for _ in range(5):
+            s.record_step(0.1)
+            s.record_verification(0.15, stride=3, matched=2)
+        assert s.plan(3) == want, regenerates
+
+
 # -- exactness against the baseline -----------------------------------------------------------
 def _questions(imported) -> list[dict]:
     from specrag.schemas import validate_query
@@ -145,23 +276,49 @@ def test_ralmspec_equals_ralmseq_token_for_token(kind, request, step_memo, impor
     assert len(baseline) == len(queries)
     assert sum(len(ids) for ids, _, _ in baseline.values()) > 2 * TEST_SETTINGS["stride"] * len(queries)
     accepted = 0
-    for p, s, a in itertools.product([False, True], repeat=3):
-        method = create_method("ralmspec", prefetch=p, os3=s, async_verification=a, **TEST_SETTINGS)
+    # the paper's eight variants always speculate; the cost model's fallback (on by default)
+    # decides from timings, so its runs mix sequential steps and rounds: exact either way
+    # every combination over BM25; over the other retrievers (their own scoring and tie rules)
+    # one extra at a time and all three, which keeps the suite within its time budget
+    variants = [(p, s, a, False) for p, s, a in itertools.product([False, True], repeat=3)
+                if kind == "bm25" or p + s + a in (0, 1, 3)]
+    for p, s, a, fallback in variants + [(False, False, False, True), (True, True, True, True)]:
+        method = create_method("ralmspec", prefetch=p, os3=s, async_verification=a, sequential_fallback=fallback,
+                               **TEST_SETTINGS)
         states = _run(engine_for(memo), method, queries)
         got = _outputs(states)
         diff = [qid for qid in baseline if got[qid] != baseline[qid]]
-        assert not diff, f"{kind} P={p} S={s} A={a}: {len(diff)} outputs differ, e.g. {diff[0]}: " \
+        assert not diff, f"{kind} P={p} S={s} A={a} fallback={fallback}: {len(diff)} outputs differ, e.g. {diff[0]}: " \
                          f"{got[diff[0]]} vs {baseline[diff[0]]}"
         accepted += sum(st.trace.counts["speculation_accepted"] for st in states)
         for st in states:
             d = st.trace.method
             assert d.speculation_steps >= st.trace.counts["speculation_accepted"]
-            assert len(d.stride_history) == d.verifications
+            assert len([h for h in d.stride_history if h]) == d.verifications
             if not s:
-                assert set(d.stride_history) <= {3}
+                assert set(d.stride_history) <= {0, 3}
     assert accepted > 0  # speculation did work, it was not all rollbacks
     if kind == "bm25-gaps":
         assert retriever.empty > 0  # steps did keep their document
+
+
+@pytest.mark.slow
+def test_ralmspec_equals_ralmseq_with_prefix_reuse(prefix_generator, pooled_bm25, imported):
+    """Both loops on one generator whose prefix cache is shared and warm (as in a worker): the
+    steps of RaLMSeq and of each RaLMSpec variant reuse each other's blocks, outputs stay equal."""
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.methods import create_method
+    retriever = open_retriever(pooled_bm25, "bm25")
+    queries = _questions(imported)[:4]
+    model = prefix_generator()
+    engine_for = lambda: Engine(Services(models={"generator": model}, retriever=retriever),  # noqa: E731
+                                EngineConfig(max_batch=16))
+    baseline = _outputs(_run(engine_for, create_method("ralmseq", **TEST_SETTINGS), queries))
+    for extra in (dict(sequential_fallback=False),
+                  dict(prefetch=True, os3=True, async_verification=True, sequential_fallback=False)):
+        assert _outputs(_run(engine_for, create_method("ralmspec", **TEST_SETTINGS, **extra), queries)) == baseline
+    stats = model._impl.prefix_cache.stats
+    assert stats["reused_tokens"] > stats["computed_tokens"]
 
 
 @pytest.mark.slow
@@ -184,7 +341,8 @@ def test_ralmspec_in_the_beam_pipeline_equals_ralmseq(demo_tables, demo_index, t
     from specrag.pipelines.answer import AnswerJob, run_answer
     from specrag.transforms.runtime import RuntimeConfig
     outputs = {}
-    for name, extra in (("ralmseq", {}), ("ralmspec", dict(prefetch=True, os3=True, async_verification=True))):
+    for name, extra in (("ralmseq", {}), ("ralmspec", dict(prefetch=True, os3=True, async_verification=True,
+                                                           sequential_fallback=False))):
         method = create_method(name, **TEST_SETTINGS, **extra)
         out = tmp_path / name
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method,

@@ -109,16 +109,30 @@ def test_top_k_rows_is_a_stable_full_sort_prefix():
         assert top_k_rows(scores, k).tolist() == expected.tolist()
 
 
-def test_batched_flat_scan_finds_faiss_top_k():
-    """The one-pass batch scan returns the same top-k sets as FAISS flat, for IP and L2."""
-    import faiss
-    import numpy as np
-    from specrag.retrieval.flat_scan import top_k_candidates
+@pytest.mark.parametrize("precision", ["int8", "bf16", "fp32"])
+def test_low_precision_scan_candidates_hold_the_exact_top_k(precision):
+    """The proven candidates contain the canonical fp32 top-k (ties by row) for IP and L2, with
+    exact duplicate rows (ties that no bound can split), mixed norms and batch sizes 1-16."""
+    from specrag.retrieval.exact_batch import LowPrecisionScan
     rng = np.random.default_rng(0)
-    xb = rng.standard_normal((20000, 64)).astype(np.float32)
-    xq = rng.standard_normal((11, 64)).astype(np.float32)
-    for metric, index in (("ip", faiss.IndexFlatIP(64)), ("l2", faiss.IndexFlatL2(64))):
-        index.add(xb)
-        _, want = index.search(xq, 10)
-        got = top_k_candidates(xb, xq, 10, metric, (xb * xb).sum(1))
-        assert [set(r) for r in got] == [set(r) for r in want], metric
+    xb = rng.standard_normal((6000, 48)).astype(np.float32)
+    xb[:3000] /= np.linalg.norm(xb[:3000], axis=1, keepdims=True)
+    xb[::50] = xb[7]  # 120 identical rows
+    xb[5] = 0.0  # a zero row
+    scan = LowPrecisionScan(xb, precision, block_rows=1024)  # several blocks, one partial
+    for nq in (1, 2, 3, 16):
+        xq = xb[rng.integers(0, len(xb), nq)] + 0.03 * rng.standard_normal((nq, 48)).astype(np.float32)
+        xq[0] = xb[7]  # a query that ties with 120 rows
+        for metric in ("ip", "l2"):
+            for q, rows in zip(xq, scan.candidates(xq, 10, metric)):
+                if metric == "ip":
+                    canon = np.array([np.dot(x, q) for x in xb], dtype=np.float64)
+                else:
+                    diff = xb - q
+                    canon = -np.einsum("ij,ij->i", diff, diff).astype(np.float64)
+                want = np.lexsort((np.arange(len(xb)), -canon))[:10]
+                assert set(want.tolist()) <= set(rows.tolist()), (precision, nq, metric)
+                assert np.all(np.diff(rows) > 0)
+    with pytest.raises(ValueError):
+        scan.candidates(xq[:, :3], 10)
+    assert [len(r) for r in scan.candidates(np.zeros((0, 48), np.float32), 10)] == []

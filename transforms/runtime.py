@@ -22,6 +22,7 @@ from specrag.inference.triton import TritonConfig
 BACKENDS = tuple(registry.BACKENDS)
 RETRIEVER_KINDS = tuple(registry.RETRIEVERS)
 DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")  # these embed the query: they need an embedder's embed
+EXACT_SCANS = ("int8", "bf16", "fp32", "faiss")  # retrieval/exact_batch.py PRECISIONS, or FAISS
 
 
 # roles whose model specrag trains: how to get one
@@ -47,6 +48,11 @@ class RuntimeConfig:
     datastore_dir: str | None = None  # KNN-LM datastore (`specrag build-datastore`)
     datastore_kind: str = "flat"  # flat (exact) | hnsw
     triplets_dir: str | None = None  # triplet sets of the index's passages (`specrag extract-triplets`)
+    # exact dense / datastore search on CPU: the low-precision candidate pass (retrieval/exact_batch.py),
+    # or "faiss" for FAISS's own fp32 scan; every choice returns the exact fp32 top-k
+    exact_scan: str = "int8"
+    # prefix KV reuse of the local causal LMs (inference/prefix_cache.py): MiB per model and worker; 0 = off
+    prefix_cache_mb: int = 0
 
     def validate(self, needs: Mapping[str, tuple[str, ...]] | tuple[str, ...] = (), needs_retriever: bool = False,
                  needs_datastore: bool = False, method: str = "the method", needs_triplets: bool = False) -> None:
@@ -68,6 +74,12 @@ class RuntimeConfig:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         registry.RETRIEVERS.check(self.retriever)
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
+        if self.prefix_cache_mb and self.backend != "local":
+            raise ValueError("--prefix-cache-mb applies to the local backend (a Triton model keeps its own cache)")
+        if self.exact_scan not in EXACT_SCANS:
+            raise ValueError(f"exact_scan must be one of {EXACT_SCANS}, got {self.exact_scan!r}")
         if needs_retriever and self.retriever in DENSE_RETRIEVERS:
             needs.setdefault("embedder", ())
             needs["embedder"] = tuple(dict.fromkeys(needs["embedder"] + (EMBED,)))
@@ -95,6 +107,9 @@ class RuntimeConfig:
             if self.retriever not in kinds:
                 raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index (has: {sorted(kinds)}); "
                                  f"rebuild with `specrag build-index --kinds {self.retriever}`")
+
+    def scan_precision(self) -> str | None:
+        return None if self.exact_scan == "faiss" else self.exact_scan
 
     def _check_triton(self, needs: dict[str, tuple[str, tuple[str, ...]]]) -> None:
         """Fail at start, not per query, when the server is down or lacks a model."""
@@ -127,7 +142,9 @@ class RuntimeConfig:
                 "index": _folder_fingerprint(self.index_dir),
                 "datastore": _folder_fingerprint(self.datastore_dir),
                 "datastore_kind": self.datastore_kind if self.datastore_dir else None,
-                "triplets": _folder_fingerprint(self.triplets_dir)}
+                "triplets": _folder_fingerprint(self.triplets_dir),
+                # blocked prefill (prefix KV reuse) can differ from one forward in the last bits
+                **({"prefill_blocks": 64} if self.prefix_cache_mb else {})}
 
 
 def _manifest(folder: str, what: str, build: str) -> dict:
@@ -182,9 +199,9 @@ def models_loaded() -> int:
 
 
 def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
-                 triton: TritonConfig | None = None):
+                 triton: TritonConfig | None = None, prefix_cache_mb: int = 0):
     """One backend per (kind, model, settings) and process: weights load once per worker."""
-    key = (kind, model, threads, dtype, triton)
+    key = (kind, model, threads, dtype, triton, prefix_cache_mb)
     if key not in _BACKENDS:
         if kind == "triton":
             from specrag.inference.triton import TritonBackend
@@ -193,7 +210,8 @@ def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
             _BACKENDS[key] = TritonBackend(model, triton)
         elif kind == "local":
             from specrag.inference.local import LocalBackend, LocalModelConfig
-            _BACKENDS[key] = LocalBackend(LocalModelConfig(model, num_threads=threads, dtype=dtype))
+            _BACKENDS[key] = LocalBackend(LocalModelConfig(model, num_threads=threads, dtype=dtype,
+                                                           prefix_cache_mb=prefix_cache_mb))
         else:
             registry.BACKENDS.check(kind)
     return _BACKENDS[key]
@@ -224,7 +242,8 @@ def get_services(config: RuntimeConfig) -> Services:
     with _LOCK:
         if config in _SERVICES:
             return _SERVICES[config]
-        models = {role: load_backend(config.backend, name, config.num_threads, config.dtype, config.triton)
+        models = {role: load_backend(config.backend, name, config.num_threads, config.dtype, config.triton,
+                                     config.prefix_cache_mb)
                   for role, name in config.models}
         retriever = None
         if config.index_dir:
@@ -234,11 +253,13 @@ def get_services(config: RuntimeConfig) -> Services:
                 embedder = models.get("embedder") or load_backend(config.backend, "all-minilm-l6-v2",
                                                                   config.num_threads, triton=config.triton)
                 embed = embedder.embed
-            retriever = open_retriever(_local_copy(config.index_dir), config.retriever, embed)
+            retriever = open_retriever(_local_copy(config.index_dir), config.retriever, embed,
+                                       scan_precision=config.scan_precision())
         datastore = None
         if config.datastore_dir:
             from specrag.retrieval.datastore import Datastore
-            datastore = Datastore(_local_copy(config.datastore_dir), config.datastore_kind)
+            datastore = Datastore(_local_copy(config.datastore_dir), config.datastore_kind,
+                                  scan_precision=config.scan_precision())
         triplets = None
         if config.triplets_dir:
             from specrag.retrieval.triplets import TripletStore
