@@ -110,6 +110,7 @@ def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
         for k in [int(x) for x in args.knnlm_k.split(",")]:
             base = None
             for label, name, extra in KNNLM_VARIANTS:
+                lm.clear_prefix_cache()
                 method = create_method(name, k=k, max_new_tokens=args.knnlm_tokens, **extra)
                 lat, states = serve(Services(models={"generator": lm}, datastore=store), method,
                                     queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}")
@@ -137,7 +138,8 @@ def main() -> int:
     ap.add_argument("--stride", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--prefix-cache-mb", type=int, default=0, help="prefix KV reuse of the generator (0: off)")
+    ap.add_argument("--prefix-cache-mb", type=int, default=0,
+                    help="prefix KV reuse of the generator (0: off); emptied before each variant")
     ap.add_argument("--retrievers", default="edr,adr,sr")
     ap.add_argument("--dataset", default="nq", help="nq (short answers) or asqa (long-form: outputs run long)")
     ap.add_argument("--knnlm-k", default="1,16,256", help="empty: skip the KNN-LM part")
@@ -196,6 +198,7 @@ def main() -> int:
         search_s = time.perf_counter() - t
         baseline = None
         for label, name, extra in VARIANTS:
+            generator.clear_prefix_cache()  # each variant starts as a fresh worker would
             method = create_method(name, **settings, **extra)
             latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
                                       method, queries, f"{kind} {label}")

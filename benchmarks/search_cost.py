@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,23 +32,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+from workloads import cpu_flags, cpu_model  # noqa: E402
 BATCHES = (1, 2, 3, 4, 8, 16)
-
-
-def cpu_flags() -> list[str]:
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    return sorted(f for f in flags if f.startswith(("amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")))
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def time_batches(search, queries: list, reps: int) -> dict[int, float]:

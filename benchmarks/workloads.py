@@ -223,10 +223,26 @@ def by_label(summary: list[dict], label: str) -> dict:
     return next(r for r in summary if r["method"] == label)
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The processor flags that decide kernel speed here: AVX2, AVX-512 BF16/VNNI, AMX."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return sorted(f for f in line.split(":", 1)[1].split()
+                          if f.startswith(("amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")))
+    return []
+
+
 def machine_line(threads: int) -> str:
     import torch
-    return (f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{threads} torch thread(s)")
+    return (f"Machine: {cpu_model()} ({platform.machine()}, flags {' '.join(cpu_flags()) or '-'}), "
+            f"{os.cpu_count()} cores, torch {torch.__version__}, {threads} torch thread(s)")
 
 
 def recorded() -> str:

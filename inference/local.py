@@ -670,6 +670,11 @@ class LocalBackend:
     def embed(self, texts: list[str]) -> np.ndarray:
         return self._require("embed")(texts)
 
+    def clear_prefix_cache(self) -> None:
+        """Start from an empty prefix cache, as a new worker would (benchmarks compare variants)."""
+        if getattr(self._impl, "prefix_cache", None) is not None:
+            self._impl.prefix_cache.clear()
+
     @property
     def stats(self) -> dict:
         stats = dict(getattr(self._impl, "stats", {}))

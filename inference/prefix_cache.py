@@ -58,6 +58,12 @@ class PrefixKVCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def clear(self) -> None:
+        """Forget every block (a benchmark's fresh worker); the counters stay."""
+        with self._lock:
+            self._blocks.clear()
+            self.bytes = 0
+
     def _lookup(self, keys: list[bytes]) -> list[list[tuple[Any, Any]]]:
         found = []
         with self._lock:
