@@ -87,9 +87,14 @@ RECENT_QUERIES = 4096  # query vectors kept (LRU)
 CANDIDATE_MARGIN = 8  # FAISS paths: candidates beyond k, re-scored canonically
 
 
-def _pair_score(vector: np.ndarray, query: np.ndarray) -> float:
-    """The canonical inner product of one stored vector and one query (float32, as FAISS)."""
-    return float(np.dot(np.asarray(vector, dtype=np.float32), query))
+def pair_scores(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """The canonical inner products of stored vectors with one query (float32, as FAISS).
+
+    einsum reduces each row alone in its own loop (no BLAS), so a row's score does not depend
+    on which other rows are asked with it: search re-scoring, ``score`` and a speculation cache
+    get the same bits for the same document, and hundreds of candidates cost one call."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    return np.einsum("ij,ij->i", vectors, np.broadcast_to(np.asarray(query, dtype=np.float32), vectors.shape))
 
 
 class DenseRetriever:
@@ -173,14 +178,18 @@ class DenseRetriever:
         for qv, rr in zip(q, rows):
             rr = np.asarray(rr, dtype=np.int64)
             rr = np.sort(rr[rr >= 0])  # sorted gathers read the memory-mapped vectors in order
-            ss = np.array([_pair_score(self.vectors[r], qv) for r in rr], dtype=np.float64)
+            ss = pair_scores(self.vectors[rr], qv).astype(np.float64)
             order = np.lexsort((rr, -ss))[:k]  # best score first, ties by row: shard-independent
             out.append([self.store.hit(int(rr[i]), ss[i]) for i in order])
         return out
 
     def score(self, query: str, doc_ids: Sequence[str]) -> list[float]:
         q = self._embed_queries([query])[0]
-        return [_pair_score(self.vectors[r], q) for r in self.store.rows(doc_ids)]
+        rows = np.asarray(self.store.rows(doc_ids), dtype=np.int64)
+        order = np.argsort(rows, kind="stable")  # sorted gathers read the memory-mapped vectors in order
+        out = np.empty(len(rows), dtype=np.float32)
+        out[order] = pair_scores(self.vectors[rows[order]], q)
+        return [float(x) for x in out]
 
     def fetch(self, doc_ids: Sequence[str]) -> list[Hit]:
         return [self.store.hit(r, 0.0) for r in self.store.rows(doc_ids)]

@@ -50,7 +50,7 @@ def test_batched_exact_search_equals_per_query_fp32_search(pooled_dense, embedde
     """Any batch size and candidate precision gives the exact fp32 top-k: ids, scores and ties
     by row, as the canonical scores of every vector rank them, and as FAISS's per-query scan."""
     from specrag.retrieval.base import DocStore
-    from specrag.retrieval.dense import DenseRetriever, _pair_score
+    from specrag.retrieval.dense import DenseRetriever, pair_scores
     store = DocStore(pooled_dense / "passages.parquet")
     scan = DenseRetriever(pooled_dense / "dense", store, embedder.embed, scan_precision=precision)
     faiss_path = DenseRetriever(pooled_dense / "dense", store, embedder.embed, scan_precision=None)
@@ -58,7 +58,8 @@ def test_batched_exact_search_equals_per_query_fp32_search(pooled_dense, embedde
     vectors = np.load(pooled_dense / "vectors.npy")
     want = []
     for q in scan._embed_queries(asked):
-        canon = np.array([_pair_score(v, q) for v in vectors])
+        canon = pair_scores(vectors, q).astype(np.float64)
+        assert all(pair_scores(vectors[r:r + 1], q)[0] == canon[r] for r in range(0, len(vectors), 97))  # row-alone
         top = np.lexsort((np.arange(len(vectors)), -canon))[:20]
         want.append([(store.hit(int(r), canon[r]).doc_id, canon[r]) for r in top])
     for size in (1, 2, 3, 4, 8, 16):
