@@ -18,6 +18,7 @@ import numpy as np
 
 from specrag.inference.capabilities import DENOISE, EMBED, FUSED_DECODE, GENERATE, NEXT_TOKEN, RERANK, SCORE
 from specrag.inference.kv_cache import can_stack, stack_caches
+from specrag.inference.prefix_cache import BLOCK_TOKENS
 from specrag.inference.models import materialise, model_spec
 from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
                                      NextToken, NextTokenRequest, RerankRequest, ScoreRequest, Scored)
@@ -48,7 +49,7 @@ class LocalModelConfig:
     # prefix KV reuse (inference/prefix_cache.py): MiB of full-block KV kept per model and process;
     # 0 = off (one forward over each prompt). On, prompts are prefilled block by block.
     prefix_cache_mb: int = 0
-    prefix_block_tokens: int = 64
+    prefix_block_tokens: int = BLOCK_TOKENS
 
     def torch_dtype(self):
         import torch

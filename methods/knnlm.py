@@ -149,7 +149,7 @@ class KNNLMSpecLoop:
 
         done = await true_step()  # the first token with the true neighbours
         while not done:
-            stride = scheduler.plan(fixed) if cfg.sequential_fallback else (fixed or scheduler.next_stride())
+            stride = scheduler.next_round(fixed, cfg.sequential_fallback)
             stats.stride_history.append(stride)
             if stride == 0:  # speculation cannot pay here
                 done = await true_step()

@@ -107,6 +107,13 @@ class StrideScheduler:
         b = sum(self._verifications) / len(self._verifications)
         return best_stride(a, b, self.gamma(), self.asynchronous, self.max_stride)
 
+    def next_round(self, fixed: int | None, fallback: bool) -> int:
+        """The next round's stride: ``fixed`` or OS³'s, through ``plan`` when the loop may fall
+        back to sequential steps (0), as RaLMSpec and KNN-LM-spec both decide."""
+        if fallback:
+            return self.plan(fixed)
+        return fixed or self.next_stride()
+
     def plan(self, stride: int | None = None) -> int:
         """The next round: its stride (``stride`` fixed, or OS³'s over the real costs), or 0 for
         a sequential step when no stride is expected to keep steps faster than sequential steps

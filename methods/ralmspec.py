@@ -113,10 +113,7 @@ class RaLMSpecLoop:
         done = steps.finished(gen, out)
         carried: list[_Speculated] = []  # a step speculated during the last verification
         while not done:
-            if cfg.sequential_fallback:
-                stride = scheduler.plan(fixed)
-            else:
-                stride = fixed or scheduler.next_stride()
+            stride = scheduler.next_round(fixed, cfg.sequential_fallback)
             if stride == 0 and not carried:  # RaLMSeq's step: speculation cannot pay here
                 stats.stride_history.append(0)
                 last_doc = steps.document_after(last_doc, await search())

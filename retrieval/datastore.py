@@ -20,14 +20,13 @@ a cache ranks exactly alike.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from specrag.retrieval.exact_batch import PRECISIONS, LowPrecisionScan
+from specrag.retrieval.exact_batch import LazyScan, LowPrecisionScan
 
 KINDS = ("flat", "hnsw")
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 200, 128
@@ -70,8 +69,6 @@ class Datastore:
         """``scan_precision``: the flat search's candidate pass (int8, bf16, fp32), or None for
         FAISS's own fp32 search."""
         import faiss
-        if scan_precision is not None and scan_precision not in PRECISIONS:
-            raise ValueError(f"scan_precision must be one of {PRECISIONS} or None, got {scan_precision!r}")
         path = Path(path)
         manifest_file = path / "manifest.json"
         if not manifest_file.exists():
@@ -86,16 +83,11 @@ class Datastore:
         self.index = faiss.read_index(str(path / f"{kind}.faiss"))
         if kind == "hnsw":
             self.index.hnsw.efSearch = HNSW_EF_SEARCH
-        self.scan_precision = scan_precision if kind == "flat" else None
-        self._scan: LowPrecisionScan | None = None
-        self._scan_lock = threading.Lock()
+        self._scan = LazyScan(self.keys, scan_precision if kind == "flat" else None)
+        self.scan_precision = self._scan.precision
 
     def scan(self) -> LowPrecisionScan:
-        """The low-precision copy of the keys, built on first use."""
-        with self._scan_lock:
-            if self._scan is None:
-                self._scan = LowPrecisionScan(self.keys, self.scan_precision)
-            return self._scan
+        return self._scan.get()
 
     def __len__(self) -> int:
         return len(self.values)

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specrag.retrieval.base import DocStore, Hit
-from specrag.retrieval.exact_batch import PRECISIONS, LowPrecisionScan
+from specrag.retrieval.exact_batch import LazyScan, LowPrecisionScan
 
 
 VECTORS = "vectors.npy"  # the embedding matrix in document-store row order, shared by the kinds
@@ -107,8 +107,6 @@ class DenseRetriever:
         """``scan_precision``: the exact flat search's candidate pass on CPU (int8, bf16, fp32),
         or None for FAISS's own fp32 search."""
         import faiss
-        if scan_precision is not None and scan_precision not in PRECISIONS:
-            raise ValueError(f"scan_precision must be one of {PRECISIONS} or None, got {scan_precision!r}")
         self.store = store
         files = sorted(index_dir.glob("shard-*.faiss"))
         if not files:
@@ -126,16 +124,11 @@ class DenseRetriever:
         self._recent_lock = threading.Lock()
         self.exact = all(isinstance(faiss.downcast_index(i), faiss.IndexFlat) for _, i in self.shards)
         self.on_gpu = any("Gpu" in type(i).__name__ for _, i in self.shards)
-        self.scan_precision = scan_precision if self.exact and not self.on_gpu else None
-        self._scan: LowPrecisionScan | None = None
-        self._scan_lock = threading.Lock()
+        self._scan = LazyScan(self.vectors, scan_precision if self.exact and not self.on_gpu else None)
+        self.scan_precision = self._scan.precision
 
     def scan(self) -> LowPrecisionScan:
-        """The low-precision copy, built on first use (seconds per million vectors)."""
-        with self._scan_lock:
-            if self._scan is None:
-                self._scan = LowPrecisionScan(self.vectors, self.scan_precision)
-            return self._scan
+        return self._scan.get()
 
     def _embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         """Each query alone: a padded batch would change a query's vector in the last bits,

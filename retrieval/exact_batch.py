@@ -200,3 +200,22 @@ class LowPrecisionScan:
         sq = np.full_like(q_norm, gl + rnd)
         const = (gl + rnd) * q_norm ** 2
         return np.stack([lin_x, lin_r, sq, const]), q_sq
+
+
+class LazyScan:
+    """A LowPrecisionScan built on first use (seconds per million rows), once per process.
+
+    ``precision`` None means no scan: callers use their FAISS index instead."""
+
+    def __init__(self, matrix: np.ndarray, precision: str | None):
+        if precision is not None and precision not in PRECISIONS:
+            raise ValueError(f"scan precision must be one of {PRECISIONS} or None, got {precision!r}")
+        self.matrix, self.precision = matrix, precision
+        self._scan: LowPrecisionScan | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> LowPrecisionScan:
+        with self._lock:
+            if self._scan is None:
+                self._scan = LowPrecisionScan(self.matrix, self.precision)
+            return self._scan

@@ -135,6 +135,7 @@ class RuntimeConfig:
         """What makes two runs' results comparable: models (weight hashes), backend, dtype,
         retriever with its index fingerprint, datastore fingerprint."""
         from specrag.inference.models import model_identity
+        from specrag.inference.prefix_cache import BLOCK_TOKENS
         models = {role: (f"triton:{name}" if self.backend == "triton" else model_identity(name))
                   for role, name in sorted(self.models)}
         return {"models": models, "backend": self.backend, "dtype": self.dtype,
@@ -144,7 +145,7 @@ class RuntimeConfig:
                 "datastore_kind": self.datastore_kind if self.datastore_dir else None,
                 "triplets": _folder_fingerprint(self.triplets_dir),
                 # blocked prefill (prefix KV reuse) can differ from one forward in the last bits
-                **({"prefill_blocks": 64} if self.prefix_cache_mb else {})}
+                **({"prefill_blocks": BLOCK_TOKENS} if self.prefix_cache_mb else {})}
 
 
 def _manifest(folder: str, what: str, build: str) -> dict:
