@@ -141,6 +141,9 @@ def main() -> int:
     ap.add_argument("--prefix-cache-mb", type=int, default=0,
                     help="prefix KV reuse of the generator (0: off); emptied before each variant")
     ap.add_argument("--retrievers", default="edr,adr,sr")
+    ap.add_argument("--scale-index", default=None,
+                    help="an index of benchmarks/scale_corpus.py (pooled corpus + generated distractors): EDR (dense), "
+                         "ADR (hnsw), SR (bm25) and lucene search it instead of the pooled corpus")
     ap.add_argument("--dataset", default="nq", help="nq (short answers) or asqa (long-form: outputs run long)")
     ap.add_argument("--knnlm-k", default="1,16,256", help="empty: skip the KNN-LM part")
     ap.add_argument("--knnlm-entries", type=int, default=1_000_000)
@@ -174,17 +177,23 @@ def main() -> int:
         return folder
     embedder = LocalBackend(LocalModelConfig("all-minilm-l6-v2", num_threads=args.threads))
     retrievers = {}
-    if "edr" in kinds:
+    scale = Path(args.scale_index) if args.scale_index else None
+    if scale is not None:
+        for kind, index_kind in (("edr", "dense"), ("adr", "hnsw"), ("sr", "bm25"), ("lucene", "lucene")):
+            if kind in kinds:
+                retrievers[kind] = open_retriever(scale, index_kind, embedder.embed)
+    elif "edr" in kinds:
         padded = work / f"edr-{args.edr_vectors}"
         if not (padded / "manifest.json").exists():
             padded_flat_index(index_of("dense", ["dense", "hnsw"]), padded, args.edr_vectors)
         retrievers["edr"] = open_retriever(padded, "dense", embedder.embed)
-    if "adr" in kinds:
+    if "adr" in kinds and scale is None:
         retrievers["adr"] = open_retriever(index_of("dense", ["dense", "hnsw"]), "hnsw", embedder.embed)
-    if "sr" in kinds:
+    if "sr" in kinds and scale is None:
         retrievers["sr"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
-    if "lucene" in kinds:  # the second sparse retriever (pyserini), same corpus
+    if "lucene" in kinds and scale is None:  # the second sparse retriever (pyserini), same corpus
         retrievers["lucene"] = open_retriever(index_of("lucene", ["lucene"]), "lucene")
+    scale_passages = json.loads((scale / "manifest.json").read_text())["passages"] if scale else 0
     queries = [validate_query(r) for r in
                pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
     generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype,
@@ -214,7 +223,7 @@ def main() -> int:
                          "generation_s": t("generation_s"), "retrieval_s": t("retrieval_s"),
                          "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
                          "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
-                         "pad_docs": sum(d.startswith("~pad-") for s in states for d in s.trace.method.step_docs),
+                         "pad_docs": sum(d.startswith(("~pad-", "distractor-")) for s in states for d in s.trace.method.step_docs),
                          "identical": f"{same}/{len(baseline)}", "single_search_s": search_s})
             print(f"  {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr, flush=True)
         seq = next(r["mean_latency_s"] for r in rows if r["retriever"] == kind and r["method"] == "RaLMSeq")
@@ -231,8 +240,12 @@ def main() -> int:
     setup = (f"{machine_line(args.threads)}, generator dtype {args.dtype}, prefix KV reuse "
              f"{f'{args.prefix_cache_mb} MiB' if args.prefix_cache_mb else 'off'}; {len(queries)} {args.dataset} questions served one "
              f"at a time; stride {args.stride} tokens, documents cut to {args.doc_tokens} tokens, up to "
-             f"{args.max_new_tokens} new tokens; EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + "
-             f"random unit padding), ADR = HNSW and SR = bm25s over the pooled corpus (14,947 passages).")
+             f"{args.max_new_tokens} new tokens; " + (
+                 f"EDR = flat, ADR = HNSW, SR = bm25s (lucene: Lucene BM25) over {scale_passages:,} passages "
+                 f"(pooled corpus + generated distractors, {scale})" if scale else
+                 f"EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + random unit padding), ADR = HNSW "
+                 f"and SR = bm25s over the pooled corpus (14,947 passages)") + "; pad_docs: accepted steps whose "
+             "document was padding or a distractor.")
     identical &= all(r["identical"].split("/")[0] == r["identical"].split("/")[1] for r in knn_rows)
 
     def knn_best(kind):

@@ -2,7 +2,9 @@
 
 The Beam job validates and deduplicates passages (bad rows to dead letters) and, for dense
 indexes, embeds them with Beam's RunInference (the embedder behind a ModelHandler: loaded
-once per worker, batched by BatchElements), writing (id, vector) shards. The indexes
+once per worker, batched by BatchElements), writing (id, vector) shards; passages whose vector
+comes precomputed (``embeddings``: (id, vector) Parquet of the same embedder, e.g. a generated
+benchmark corpus's or one a user already has) are not embedded again. The indexes
 themselves (bm25s, Lucene, FAISS) are then built from those files in this process. Every
 read and write goes through FileSystems: an index folder on gs:// or s3:// is built in a
 local staging folder and published there, manifest last.
@@ -31,7 +33,7 @@ from specrag.transforms import files
 from specrag.transforms.model_handler import BackendModelHandler
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
-from specrag.transforms.validate import ValidateRows
+from specrag.transforms.validate import MARK_FIELD, ReadIds, ValidateRows
 
 EMBEDDINGS = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32()))])
 
@@ -44,11 +46,14 @@ def _vector_row(kv) -> dict:
 def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str = "all-minilm-l6-v2",
                     num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
                     dense_params: dict[str, dict] | None = None, backend: str = "local",
-                    triton: TritonConfig | None = None) -> dict:
+                    triton: TritonConfig | None = None, embeddings: str | None = None) -> dict:
     bad = set(kinds) - set(KINDS)
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")
     dense = any(k in DENSE_KINDS for k in kinds)
+    precomputed = expand_inputs(embeddings) if embeddings else []
+    if precomputed and not dense:
+        raise ValueError("--embeddings (precomputed vectors) needs a dense kind in --kinds")
     handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton,
                                   min_batch_size=32, max_batch_size=256) if dense else None
     inputs = expand_inputs(corpus)
@@ -62,16 +67,23 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     with watch_progress("build-index", index_dir, count_rows(inputs), unit="passages"), \
             beam.Pipeline(options=pipeline_options(beam_args)) as p:
         rows = p | "ReadCorpus" >> ReadParquetRows(corpus)
-        valid, dead = rows | "ValidatePassages" >> ValidateRows(validate_passage)
+        covered = p | "PrecomputedIds" >> ReadIds(precomputed) if precomputed else None
+        valid, dead = rows | "ValidatePassages" >> ValidateRows(validate_passage, marked=covered)
         dead = dead | "ProgressDead" >> CountProgress(progress, "dead")
         if not dense:  # the passages are the work
             valid = valid | "ProgressPassages" >> CountProgress(progress, "done")
+        if precomputed:
+            valid, to_embed = (valid | "SplitPrecomputed" >> beam.Partition(lambda r, _: 0 if r.get(MARK_FIELD) else 1, 2))
+            valid = ((valid | "ProgressPrecomputed" >> CountProgress(progress, "done"), to_embed)
+                     | "AllPassages" >> beam.Flatten())
+        else:
+            to_embed = valid
         valid | "WritePassages" >> WriteToParquet(files.join(index_dir, "shards", "passages"), PASSAGES,
                                                   file_name_suffix=".parquet")
         dead | "WriteDeadLetters" >> WriteToParquet(files.join(index_dir, "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")
         if dense:
-            (valid
+            (to_embed
              | "TextById" >> beam.Map(lambda r: (r["id"], passage_text(r["title"], r["text"])))
              | "Embed" >> RunInference(KeyedModelHandler(handler))
              | "ProgressEmbedded" >> CountProgress(progress, "done")
@@ -91,9 +103,10 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
                 (stage / "embeddings" / f.rsplit("/", 1)[-1]).write_bytes(files.read_bytes(f))
         dead_rows = sum(files.open_parquet(f).metadata.num_rows
                         for f in files.match_files(files.join(index_dir, "dead_letters*.parquet")))
-        index_manifest = finish_index(stage, kinds, embedder if dense else None,
-                                      {"corpus": dataset_fingerprint(inputs), "dead_letters": dead_rows},
-                                      dense_params)
+        extra = {"corpus": dataset_fingerprint(inputs), "dead_letters": dead_rows}
+        if precomputed:
+            extra["precomputed_fingerprint"] = dataset_fingerprint(precomputed)
+        index_manifest = finish_index(stage, kinds, embedder if dense else None, extra, dense_params, precomputed)
         if not local:
             files.publish(stage, index_dir, skip=("embeddings",))
     finally:

@@ -71,7 +71,7 @@ def cmd_build_index(args, flags) -> int:
     config = runtime.runtime_config()
     manifest = run_build_index(corpus.corpus, runtime.index, kinds, embedder=embedder, num_threads=runtime.threads,
                                beam_args=beam_args, dense_params=dense_params, backend=runtime.backend,
-                               triton=config.triton)
+                               triton=config.triton, embeddings=options.view_as(BuildIndexOptions).embeddings)
     print(json.dumps(manifest["index"], indent=2))
     return 0
 

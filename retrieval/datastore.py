@@ -68,7 +68,6 @@ class Datastore:
     def __init__(self, path: Path | str, kind: str = "flat", scan_precision: str | None = "int8"):
         """``scan_precision``: the flat search's candidate pass (int8, bf16, fp32), or None for
         FAISS's own fp32 search."""
-        import faiss
         path = Path(path)
         manifest_file = path / "manifest.json"
         if not manifest_file.exists():
@@ -78,13 +77,21 @@ class Datastore:
         if kind not in self.manifest["kinds"]:
             raise ValueError(f"datastore {path} has no {kind!r} index (has: {sorted(self.manifest['kinds'])})")
         self.kind = kind
+        self.path = path
         self.keys = np.load(path / "keys.npy", mmap_mode="r")
         self.values = np.load(path / "values.npy")
-        self.index = faiss.read_index(str(path / f"{kind}.faiss"))
-        if kind == "hnsw":
-            self.index.hnsw.efSearch = HNSW_EF_SEARCH
+        self._index = None  # FAISS's: read when first searched (a flat scan in low precision never reads it)
         self._scan = LazyScan(self.keys, scan_precision if kind == "flat" else None)
         self.scan_precision = self._scan.precision
+
+    @property
+    def index(self):
+        import faiss
+        if self._index is None:
+            self._index = faiss.read_index(str(self.path / f"{self.kind}.faiss"))
+            if self.kind == "hnsw":
+                self._index.hnsw.efSearch = HNSW_EF_SEARCH
+        return self._index
 
     def scan(self) -> LowPrecisionScan:
         return self._scan.get()

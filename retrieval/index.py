@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -30,8 +30,9 @@ MANIFEST = "manifest.json"
 
 
 def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra: dict,
-                 dense_params: dict[str, dict] | None = None) -> dict:
-    """Build the requested index kinds from the passages (and embedding shards) on disk."""
+                 dense_params: dict[str, dict] | None = None, precomputed: Sequence[str] = ()) -> dict:
+    """Build the requested index kinds from the passages (and embedding shards, with any
+    precomputed vector files) on disk."""
     unknown = set(kinds) - set(KINDS)
     if unknown:
         raise ValueError(f"unknown index kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
@@ -51,7 +52,9 @@ def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra:
     dense = [k for k in kinds if k in DENSE_KINDS]
     if dense:
         from specrag.retrieval.dense import VECTORS, build_faiss
-        matrix = load_embedding_shards(index_dir / "embeddings", store)
+        matrix, unused = assemble_vectors(index_dir / "embeddings", store, precomputed)
+        if precomputed:
+            manifest["precomputed_vectors"] = {"files": len(precomputed), "unused": unused}
         np.save(index_dir / VECTORS, matrix)
         for kind in dense:
             params = build_faiss(matrix, index_dir / kind, DENSE_KINDS[kind], **(dense_params or {}).get(kind, {}))
@@ -60,26 +63,41 @@ def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra:
     return manifest
 
 
-def load_embedding_shards(shard_dir: Path, store: DocStore) -> np.ndarray:
+def load_embedding_shards(shard_dir: Path, store: DocStore, precomputed: Sequence[str] = ()) -> np.ndarray:
     """Assemble the (id, vector) shards into a matrix in document-store row order."""
-    files = sorted(shard_dir.glob("*.parquet"))
-    if not files:
+    return assemble_vectors(shard_dir, store, precomputed)[0]
+
+
+def assemble_vectors(shard_dir: Path, store: DocStore, precomputed: Sequence[str] = ()) -> tuple[np.ndarray, int]:
+    """The job's embedding shards and the precomputed (id, vector) files the job did not embed
+    again, as one matrix in document-store row order; and how many precomputed vectors belong
+    to no passage (their rows were dead-lettered or are absent), which are skipped."""
+    from specrag.transforms import files as fs
+    tables = [(str(f), pq.read_table(f)) for f in sorted(Path(shard_dir).glob("*.parquet"))]
+    tables += [(f, fs.read_parquet(f, ["id", "vector"])) for f in precomputed]
+    if not tables:
         raise FileNotFoundError(f"no embedding shards in {shard_dir}")
-    matrix = None
-    seen = np.zeros(len(store), dtype=bool)
-    for f in files:
-        t = pq.read_table(f)
+    matrix, seen, unused = None, np.zeros(len(store), dtype=bool), 0
+    for name, t in tables:
         ids = t.column("id").to_pylist()
+        if not ids:
+            continue
         flat = t.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        if len(flat) % len(ids):
+            raise ValueError(f"{name}: vectors of different lengths")
         vecs = np.asarray(flat, dtype=np.float32).reshape(len(ids), -1)
         if matrix is None:
             matrix = np.zeros((len(store), vecs.shape[1]), dtype=np.float32)
-        rows = store.rows(ids)
-        matrix[rows] = vecs
+        if vecs.shape[1] != matrix.shape[1]:
+            raise ValueError(f"{name}: {vecs.shape[1]}-dimensional vectors, the others have {matrix.shape[1]}")
+        known = [i for i, d in enumerate(ids) if d in store.row_of]
+        unused += len(ids) - len(known)
+        rows = store.rows([ids[i] for i in known])
+        matrix[rows] = vecs[known]
         seen[rows] = True
-    if not seen.all():
+    if matrix is None or not seen.all():
         raise ValueError(f"{int((~seen).sum())} passages have no embedding")
-    return matrix
+    return matrix, unused
 
 
 def read_manifest(index_dir: Path) -> dict:

@@ -31,6 +31,8 @@ class _Validate(beam.DoFn):
 
 
 FINISHED = None  # the marker an earlier result puts beside its id
+MARKED = "marked"  # the marker a ``marked`` id puts beside its row
+MARK_FIELD = "_marked"  # set True on the valid row of a marked id
 
 
 def _first_of_id(element):
@@ -40,9 +42,12 @@ def _first_of_id(element):
         if len(rows) > rows.count(FINISHED):  # in the input and answered earlier: skipped
             Metrics.counter("specrag", "skipped_finished").inc()
         return
-    rows = sorted(rows, key=lambda r: r[0])  # (file, row): the first occurrence wins
+    marked = MARKED in rows
+    rows = sorted((r for r in rows if r != MARKED), key=lambda r: r[0])  # (file, row): the first occurrence wins
+    if not rows:  # a mark with no row of that id
+        return
     _, first_source, first = rows[0]
-    yield first
+    yield {**first, MARK_FIELD: True} if marked else first
     for _, source, row in rows[1:]:
         yield beam.pvalue.TaggedOutput(DEAD, dead_letter(
             qid, "validate", f"duplicate id {qid!r} (first seen at {first_source})",
@@ -68,11 +73,14 @@ class ReadIds(beam.PTransform):
 class ValidateRows(beam.PTransform):
     """Rows → (valid rows, dead letters). Duplicate ids keep their first row only."""
 
-    def __init__(self, validator, stage: str = "validate", finished=None):
+    def __init__(self, validator, stage: str = "validate", finished=None, marked=None):
         super().__init__()
         self._validator = validator
         self._stage = stage
         self._finished = finished  # PCollection of ids answered earlier (resume), or None
+        # PCollection of ids whose valid row gets MARK_FIELD set (build-index: precomputed
+        # vectors), found in the same GroupByKey as the duplicates; or None
+        self._marked = marked
 
     def expand(self, rows):
         checked = rows | "Check" >> beam.ParDo(_Validate(self._validator, self._stage)).with_outputs(
@@ -83,6 +91,9 @@ class ValidateRows(beam.PTransform):
             marks = self._finished | "MarkFinished" >> beam.Map(lambda qid: (qid, FINISHED)).with_output_types(
                 Tuple[str, Any])
             keyed = (keyed, marks) | "WithFinished" >> beam.Flatten()
+        if self._marked is not None:
+            marks = self._marked | "MarkIds" >> beam.Map(lambda qid: (qid, MARKED)).with_output_types(Tuple[str, Any])
+            keyed = (keyed, marks) | "WithMarks" >> beam.Flatten()
         unique = (keyed
                   | "GroupById" >> beam.GroupByKey()
                   | "FirstOfId" >> beam.FlatMap(_first_of_id).with_outputs(DEAD, main="valid"))

@@ -1,0 +1,243 @@
+"""Standard RAG throughput: specrag against the ways a user would otherwise run the same model.
+
+Usage (from the repository root, after `make install`):
+
+    .venv/bin/python benchmarks/peers.py [--queries 32] [--dtype float32] [--threads 1] [--batch 16]
+
+Every system answers the same first N PopQA questions with the same ten BM25 documents, the same
+prompt token ids (specrag's prompt, chat template applied), greedy decoding, the same stop
+string, token limit and end-of-sequence ids, the same weights, dtype and torch threads:
+
+- ``specrag``: the `standard` method through specrag's engine (micro-batches of --batch rows);
+  its wall time includes the BM25 searches the others are handed for free.
+- ``hf_generate_loop``: transformers' ``model.generate``, one question at a time.
+- ``hf_padded_batches``: ``model.generate`` over left-padded batches of --batch questions.
+- ``beam_runinference_hf``: Beam's RunInference on the in-process runner, the HF model loaded by
+  Beam's PyTorch model handler (its HF handler cannot be imported next to transformers 5), batches
+  of --batch from BatchElements, an inference_fn that left-pads and calls ``generate``.
+
+Useful model FLOPs are counted from the model's shapes (weights x tokens, attention over the real
+context, the vocabulary projection for each generated token; padding counts as nothing) and divided
+by the wall time; ``mfu`` is that rate over the measured peak of a matmul of the model's own
+shapes in the same dtype and threads. Writes benchmarks/results/peers.md, ending
+``vs_best_peer=<specrag throughput / best peer's> mfu=<specrag's share of the matmul peak>``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS = ("hf_generate_loop", "hf_padded_batches", "beam_runinference_hf")
+
+
+def model_flops(config, prompt_tokens: int, new_tokens: int) -> float:
+    """Useful forward FLOPs of one greedy answer: 2 per weight per token, attention's QK^T and AV
+    over the causal context, the vocabulary projection where a next token is chosen (the last
+    prompt position and each generated one but the last)."""
+    d, layers = config.hidden_size, config.num_hidden_layers
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    per_layer = d * heads * head_dim * 2 + d * kv_heads * head_dim * 2 + 3 * d * config.intermediate_size
+    weights = layers * per_layer
+    total = prompt_tokens + max(new_tokens - 1, 0)  # the last chosen token is never fed back
+    attended = total * (total + 1) / 2  # sum over positions of the context each attends to
+    attention = layers * 2 * 2 * heads * head_dim * attended
+    vocab = 2 * d * config.vocab_size * max(new_tokens, 1)
+    return 2 * weights * total + attention + vocab
+
+
+def matmul_peak(dtype, d: int, ff: int, seconds: float = 2.0) -> float:
+    """The best FLOP rate of the model's own GEMM shapes (tokens x d @ d x ff and back) here."""
+    import torch
+    best = 0.0
+    for m in (512, 1024, 2048):
+        for k, n in ((d, ff), (ff, d), (d, d)):
+            a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+            a @ b
+            reps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds / 9:
+                a @ b
+                reps += 1
+            best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start))
+    return best
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return text[:min(cuts)] if cuts else text
+
+
+def left_padded(rows: list[list[int]], pad_id: int):
+    import torch
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def hf_generate(model, tokenizer, rows: list[list[int]], task: dict) -> list[list[int]]:
+    """``model.generate`` as its documentation shows it: greedy, one call per batch."""
+    import torch
+    ids, mask = left_padded(rows, task["pad_id"])
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                             max_new_tokens=task["max_new_tokens"], stop_strings=list(task["stop"]) or None,
+                             tokenizer=tokenizer, eos_token_id=task["eos_ids"], pad_token_id=task["pad_id"])
+    return [[t for t in row.tolist() if t != task["pad_id"]] for row in out[:, ids.shape[1]:]]
+
+
+def causal_lm_from_config(config, dtype):
+    """Beam's PyTorch handler builds the model with ``model_class(**model_params)``."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def run_beam(model, tokenizer, prompts: list[list[int]], task: dict, batch: int, work: Path) -> list[list[int]]:
+    """Beam RunInference on the in-process runner, the model loaded by Beam's PyTorch handler
+    from a state dict (Beam 2.77's HuggingFaceModelHandlerTensor imports tensorflow and
+    transformers' TFAutoModel, which transformers 5 no longer has: it cannot be imported here).
+    The inference_fn left-pads the batch and calls ``generate``."""
+    import apache_beam as beam
+    import torch
+    from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
+    from apache_beam.ml.inference.pytorch_inference import PytorchModelHandlerTensor
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    state_dict = work / "model.pt"
+    torch.save(model.state_dict(), state_dict)
+
+    def generate_fn(batch, model, device, inference_args, model_id=None):
+        generated = hf_generate(model, tokenizer, [t.tolist() for t in batch], inference_args["task"])
+        return [PredictionResult(example, g, model_id) for example, g in zip(batch, generated)]
+
+    handler = KeyedModelHandler(PytorchModelHandlerTensor(
+        state_dict_path=str(state_dict), model_class=causal_lm_from_config,
+        model_params={"config": model.config, "dtype": model.dtype}, device="CPU",
+        inference_fn=generate_fn, min_batch_size=batch, max_batch_size=batch))
+    options = PipelineOptions(["--direct_num_workers=1", "--direct_running_mode=in_memory"])
+    with beam.Pipeline(options=options) as p:
+        _ = (p | beam.Create([(i, torch.tensor(ids)) for i, ids in enumerate(prompts)])
+             | RunInference(handler, inference_args={"task": task})
+             | beam.Map(lambda kv: json.dumps([kv[0], list(kv[1].inference)]))
+             | beam.io.WriteToText(str(work / "generated"), shard_name_template="", file_name_suffix=".jsonl"))
+    got = dict(json.loads(line) for line in (work / "generated.jsonl").read_text().splitlines())
+    return [got[i] for i in range(len(prompts))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--queries", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=16, help="rows per model call for specrag and the batched peers")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--systems", default="specrag," + ",".join(PEERS))
+    ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "peers.md"))
+    args = ap.parse_args()
+    systems = args.systems.split(",")
+    if "specrag" not in systems or not set(systems) - {"specrag"} or set(systems) - {"specrag", *PEERS}:
+        raise SystemExit(f"--systems: specrag and at least one of {PEERS}")
+
+    import torch
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    from specrag.evaluation.metrics import contains
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.inference.local import LocalBackend, LocalModelConfig
+    from specrag.methods import create_method
+    from specrag.methods.local_run import run_method
+    from specrag.methods.prompts import MAX_NEW_TOKENS, STOP, build_prompt
+    from workloads import machine_line, markdown_table, popqa_bm25, publish
+
+    _, retriever, queries = popqa_bm25(args.data_dir, args.queries, "peers-")
+    if {q["task_type"] for q in queries} != {"short_form"}:
+        raise SystemExit("peers.py expects short-form questions (one stop string and token limit for all)")
+    model_name = "smollm2-135m-instruct"
+    backend = LocalBackend(LocalModelConfig(model_name, num_threads=args.threads, dtype=args.dtype))
+    lm = backend._impl
+    model, tokenizer = lm.model, lm.tokenizer
+    task = {"max_new_tokens": MAX_NEW_TOKENS["short_form"], "stop": STOP["short_form"], "eos_ids": lm.eos_ids,
+            "pad_id": lm.pad_id}
+
+    # the prompts every peer is handed: specrag's own, as token ids
+    hits = retriever.search([q["question"] for q in queries], args.top_k)
+    prompts = [lm.prompt_ids(build_prompt(q, h), chat=True) for q, h in zip(queries, hits)]
+    prompt_tokens = sum(len(p) for p in prompts)
+    warm = prompts[0][:64]
+    hf_generate(model, tokenizer, [warm], {**task, "max_new_tokens": 2})  # first-call set-up out of the timings
+
+    rows, answers = [], {}
+
+    def record(system: str, wall: float, generated: list[int], texts: list[str]) -> None:
+        flops = sum(model_flops(model.config, len(p), g) for p, g in zip(prompts, generated))
+        answers[system] = [cut_at_stop(t, task["stop"]) for t in texts]
+        rows.append({"system": system, "queries": len(texts), "wall_s": wall, "queries_per_s": len(texts) / wall,
+                     "prompt_tokens": prompt_tokens, "generated_tokens": sum(generated),
+                     "model_gflop": flops / 1e9, "gflop_per_s": flops / wall / 1e9,
+                     "contains_acc": 100 * sum(contains(a, q["answers"]) for a, q in zip(answers[system], queries))
+                     / len(queries)})
+        print(f"  {system}: {wall:.1f}s", file=sys.stderr, flush=True)
+
+    engine = Engine(Services(models={"generator": backend}, retriever=retriever),
+                    EngineConfig(max_batch=args.batch, max_wait_s=0.005))
+    before = dict(lm.stats)
+    start = time.perf_counter()
+    states, failures = run_method(engine, create_method("standard", top_k=args.top_k), queries)
+    wall = time.perf_counter() - start
+    engine.close()
+    if failures:
+        raise SystemExit(f"specrag: {len(failures)} queries failed: {failures[:2]}")
+    if lm.stats["prefill_tokens"] - before["prefill_tokens"] != prompt_tokens:
+        raise SystemExit("specrag's prompts are not the ones handed to the peers")
+    record("specrag", wall, [s.trace.counts["generated_tokens"] for s in states], [s.raw_output for s in states])
+    specrag_split = {k: lm.stats[k] - before[k] for k in ("prefill_s", "decode_s")}
+
+    if "hf_generate_loop" in systems:
+        start = time.perf_counter()
+        generated = [hf_generate(model, tokenizer, [p], task)[0] for p in prompts]
+        record("hf_generate_loop", time.perf_counter() - start, [len(g) for g in generated], lm.detokenize(generated))
+    if "hf_padded_batches" in systems:
+        start = time.perf_counter()
+        generated = [g for i in range(0, len(prompts), args.batch)
+                     for g in hf_generate(model, tokenizer, prompts[i:i + args.batch], task)]
+        record("hf_padded_batches", time.perf_counter() - start, [len(g) for g in generated], lm.detokenize(generated))
+    if "beam_runinference_hf" in systems:
+        with tempfile.TemporaryDirectory(prefix="peers-beam-") as tmp:
+            start = time.perf_counter()
+            generated = run_beam(model, tokenizer, prompts, task, args.batch, Path(tmp))
+            record("beam_runinference_hf", time.perf_counter() - start, [len(g) for g in generated], lm.detokenize(generated))
+
+    peak = matmul_peak(lm.config.torch_dtype(), model.config.hidden_size, model.config.intermediate_size)
+    for r in rows:
+        r["mfu"] = r["gflop_per_s"] * 1e9 / peak
+        r["same_answers"] = sum(a == b for a, b in zip(answers[r["system"]], answers["specrag"]))
+    ours = rows[0]["queries_per_s"]
+    best = max((r for r in rows[1:]), key=lambda r: r["queries_per_s"])
+    cols = ["system", "queries", "wall_s", "queries_per_s", "prompt_tokens", "generated_tokens", "model_gflop",
+            "gflop_per_s", "mfu", "same_answers", "contains_acc"]
+    lines = ["", *markdown_table(rows, cols), "",
+             f"Measured matmul peak ({args.dtype}, {args.threads} thread(s), the model's GEMM shapes): "
+             f"{peak / 1e9:.1f} GFLOP/s. specrag's model time: prefill {specrag_split['prefill_s']:.1f} s, "
+             f"decode {specrag_split['decode_s']:.1f} s. Best peer: {best['system']}."]
+    publish(args.results, "Standard RAG throughput: specrag and its peers",
+            f"{machine_line(args.threads)}, dtype {args.dtype}; data: first {len(queries)} PopQA questions, "
+            f"BM25 over the pooled corpus of the shared sets, top-{args.top_k} documents; batches of {args.batch}.",
+            "\n".join(lines), f"vs_best_peer={ours / best['queries_per_s']:.2f} mfu={rows[0]['mfu']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
