@@ -218,7 +218,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="peers-beam-") as tmp:
             start = time.perf_counter()
             generated = run_beam(model, tokenizer, prompts, task, args.batch, Path(tmp))
-            record("beam_runinference_hf", time.perf_counter() - start, [len(g) for g in generated], lm.detokenize(generated))
+            record("beam_runinference_hf", time.perf_counter() - start, [len(g) for g in generated],
+                   lm.detokenize(generated))
 
     peak = matmul_peak(lm.config.torch_dtype(), model.config.hidden_size, model.config.intermediate_size)
     for r in rows:

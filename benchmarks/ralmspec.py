@@ -144,6 +144,8 @@ def main() -> int:
     ap.add_argument("--scale-index", default=None,
                     help="an index of benchmarks/scale_corpus.py (pooled corpus + generated distractors): EDR (dense), "
                          "ADR (hnsw), SR (bm25) and lucene search it instead of the pooled corpus")
+    ap.add_argument("--variants", default="", help="comma-separated labels of VARIANTS to run (RaLMSeq always "
+                                                   "runs first); default all")
     ap.add_argument("--dataset", default="nq", help="nq (short answers) or asqa (long-form: outputs run long)")
     ap.add_argument("--knnlm-k", default="1,16,256", help="empty: skip the KNN-LM part")
     ap.add_argument("--knnlm-entries", type=int, default=1_000_000)
@@ -170,6 +172,10 @@ def main() -> int:
     if not (data / "pooled_corpus.parquet").exists():
         import_datasets(Path(args.data_dir), SHARED_SETS, data, pool=True)
     kinds = args.retrievers.split(",")
+    wanted = set(args.variants.split(",")) - {""}
+    if wanted - {label for label, _, _ in VARIANTS}:
+        raise SystemExit(f"--variants: some of {[label for label, _, _ in VARIANTS]}")
+    variants = [v for v in VARIANTS if not wanted or v[0] in wanted | {"RaLMSeq"}]
     def index_of(name: str, index_kinds: list[str]) -> Path:
         folder = work / f"index-{name}"
         if not (folder / "manifest.json").exists():
@@ -206,7 +212,7 @@ def main() -> int:
         retriever.search([queries[0]["question"]], 20)
         search_s = time.perf_counter() - t
         baseline = None
-        for label, name, extra in VARIANTS:
+        for label, name, extra in variants:
             generator.clear_prefix_cache()  # each variant starts as a fresh worker would
             method = create_method(name, **settings, **extra)
             latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),

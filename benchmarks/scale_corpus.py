@@ -13,7 +13,7 @@ Steps, each skipped when its output exists (a stopped run resumes):
    statistics with every answer word left out, ids of their own, vectors from a Gaussian fit of
    the real embeddings);
 3. `specrag build-index --kinds ... --embeddings <distractor vectors>` over real + distractors
-   (only the real passages are embedded);
+   (no passage is embedded again: the real ones' vectors come from step 1);
 4. per kind, the median latency of one search and of a batch of s (s = 1, 2, 3, 4, 8, 16) over
    the first --questions NQ-open questions (dense: their real MiniLM embeddings).
 
@@ -77,6 +77,7 @@ def main() -> int:
     ap.add_argument("--work", default=str(REPO / ".tmp" / "scale"))
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "scale_corpus.md"))
+    ap.add_argument("--build-only", action="store_true", help="generate and build, measure nothing")
     args = ap.parse_args()
     kinds = args.kinds.split(",")
     if set(kinds) - set(KINDS):
@@ -99,11 +100,16 @@ def main() -> int:
     index = work / "index"
     if not (index / "manifest.json").exists() or set(json.loads((index / "manifest.json").read_text())["kinds"]) \
             != set(kinds):
-        extra = ["--embeddings", str(work / "distractors" / "vectors" / "*.parquet")] if dense else []
+        # the real passages' vectors too (the dense build of step 1): only dead letters would be embedded
+        extra = ["--embeddings", f"{work / 'distractors' / 'vectors' / '*.parquet'},"
+                                 f"{work / 'real-dense' / 'embeddings' / '*.parquet'}"] if dense else []
         specrag_cli("build-index", "--corpus", str(corpus / "*.parquet"), "--index", str(index),
                     "--kinds", ",".join(kinds), *extra)
     manifest = json.loads((index / "manifest.json").read_text())
     build = json.loads((index / "build_manifest.json").read_text())
+    if args.build_only:
+        print(json.dumps({"passages": manifest["passages"], "build_wall_s": build.get("wall_s")}))
+        return 0
 
     from specrag.retrieval import open_retriever
     from specrag.transforms.runtime import load_backend
@@ -127,8 +133,8 @@ def main() -> int:
              "x<s>: the cost of one search of s queries in single searches (the paper: about 1 below 10 queries "
              "for exact dense and sparse retrieval, linear with a large intercept for HNSW).",
              f"Build: {build.get('wall_s')} s for the whole build-index job "
-             f"({manifest['passages'] - args.distractors:,} real passages embedded, {args.distractors:,} distractors "
-             "with precomputed vectors)."]
+             f"({manifest['passages'] - args.distractors:,} real passages, {args.distractors:,} distractors; "
+             "vectors precomputed)."]
     publish(args.results, "Retrieval at the papers' scale: real corpus + generated distractors",
             f"{machine_line(1)}; corpus: the pooled corpus of the shared sets + {args.distractors:,} distractors "
             f"(seed {args.seed}); queries: the first {len(questions)} NQ-open questions, top-20.",

@@ -13,6 +13,10 @@ passages that change the cost of every search but never its right answers:
 - **Vectors** (dense kinds): a Gaussian with the real embeddings' mean and covariance, scaled to
   unit length when the real ones are, written as (id, vector) Parquet that `build-index
   --embeddings` takes instead of embedding the passages (5M embeddings take hours here).
+- **KNN-LM datastore entries** (``extend_datastore``): keys from a Gaussian fit of the real
+  datastore's keys, next tokens drawn from its values, appended after the real entries (so a
+  real entry's successors stay real); the copy is a flat, scan-only datastore (no FAISS file: a
+  5M x 576 fp32 FAISS copy of the keys would not fit beside them in 24 GB).
 
 Everything is seeded per shard (the same shard has the same rows whatever the shard count
 written before it), and written shard by shard, so 5M passages never sit in memory at once.
@@ -186,3 +190,42 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp)
     tmp.replace(path)
+
+
+def extend_datastore(source: Path, out: Path, entries: int, seed: int = 0, chunk: int = 250_000) -> dict:
+    """A flat, scan-only datastore of ``entries`` rows: the real datastore's, then generated ones.
+    Keys are written chunk by chunk into a memory-mapped ``keys.npy``."""
+    import json
+    source, out = Path(source), Path(out)
+    if out.resolve() == source.resolve():
+        raise ValueError("extend_datastore writes a new datastore: out must differ from source")
+    manifest = json.loads((source / "manifest.json").read_text())
+    real_keys = np.load(source / "keys.npy", mmap_mode="r")
+    real_values = np.load(source / "values.npy")
+    if entries < len(real_keys):
+        raise ValueError(f"entries ({entries}) must be at least the real datastore's {len(real_keys)}")
+    model = VectorModel.fit(real_keys, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = np.lib.format.open_memmap(out / "keys.npy.tmp", mode="w+", dtype=np.float32,
+                                     shape=(entries, real_keys.shape[1]))
+    values = np.empty(entries, dtype=np.int64)
+    for start in range(0, len(real_keys), chunk):
+        end = min(start + chunk, len(real_keys))
+        keys[start:end] = real_keys[start:end]
+    values[:len(real_keys)] = real_values
+    for i, start in enumerate(range(len(real_keys), entries, chunk)):
+        n = min(chunk, entries - start)
+        rng = np.random.default_rng([seed, i])
+        keys[start:start + n] = model.sample(rng, n)
+        values[start:start + n] = rng.choice(real_values, size=n)
+    keys.flush()
+    del keys
+    (out / "keys.npy.tmp").replace(out / "keys.npy")
+    np.save(out / "values.npy", values)
+    for f in out.glob("*.faiss"):  # an earlier copy's: FAISS files would not index the generated rows
+        f.unlink()
+    extended = {**manifest, "entries": int(entries), "kinds": {"flat": {"faiss": False}},
+                "generated": {"from": str(source), "real_entries": int(len(real_keys)),
+                              "generated_entries": int(entries - len(real_keys)), "seed": seed}}
+    (out / "manifest.json").write_text(json.dumps(extended, indent=2, sort_keys=True))
+    return extended

@@ -51,7 +51,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")
     dense = any(k in DENSE_KINDS for k in kinds)
-    precomputed = expand_inputs(embeddings) if embeddings else []
+    precomputed = sorted({f for pattern in (embeddings or "").split(",") if pattern for f in expand_inputs(pattern)})
     if precomputed and not dense:
         raise ValueError("--embeddings (precomputed vectors) needs a dense kind in --kinds")
     handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton,
@@ -73,7 +73,8 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
         if not dense:  # the passages are the work
             valid = valid | "ProgressPassages" >> CountProgress(progress, "done")
         if precomputed:
-            valid, to_embed = (valid | "SplitPrecomputed" >> beam.Partition(lambda r, _: 0 if r.get(MARK_FIELD) else 1, 2))
+            valid, to_embed = valid | "SplitPrecomputed" >> beam.Partition(
+                lambda r, _: 0 if r.get(MARK_FIELD) else 1, 2)
             valid = ((valid | "ProgressPrecomputed" >> CountProgress(progress, "done"), to_embed)
                      | "AllPassages" >> beam.Flatten())
         else:

@@ -168,8 +168,8 @@ class BuildIndexOptions(PipelineOptions):
         group = parser.add_argument_group("build-index")
         _flag(group, "dense_shards", type=int, default=1,
               help="FAISS indexes in N row-range shards; search merges their top-k")
-        _flag(group, "embeddings", help="precomputed (id, vector) Parquet file(s) or glob of the same embedder: "
-                                        "their passages are not embedded again (dense kinds)")
+        _flag(group, "embeddings", help="precomputed (id, vector) Parquet: files or globs, comma-separated, of the "
+                                        "same embedder; their passages are not embedded again (dense kinds)")
 
     def validate(self) -> None:
         _missing(self.view_as(CorpusOptions), "specrag build-index", ("corpus",))

@@ -55,12 +55,12 @@ def _pooled_key(corpus: Path, kinds: list[str]) -> str:
     import inspect
     from specrag.inference.local import LocalEncoder
     from specrag.inference.models import model_identity
-    from specrag.retrieval.index import finish_index, load_embedding_shards
+    from specrag.retrieval.index import assemble_vectors, finish_index
     h = hashlib.sha256(corpus.read_bytes())
     h.update(",".join(kinds).encode())
     for name in ("base", "bm25", "lucene", "dense"):
         h.update((REPO / "retrieval" / f"{name}.py").read_bytes())
-    for obj in (finish_index, load_embedding_shards, LocalEncoder):
+    for obj in (finish_index, assemble_vectors, LocalEncoder):
         h.update(inspect.getsource(obj).encode())
     if {"dense", "hnsw", "ivf"} & set(kinds):
         h.update(model_identity("all-minilm-l6-v2").encode())
