@@ -87,3 +87,4 @@ def test_build_index_takes_precomputed_vectors(demo_tables, demo_index, tmp_path
     with pytest.raises(ValueError, match="needs a dense kind"):
         run_build_index(str(corpus_dir / "*.parquet"), str(tmp_path / "i2"), ["bm25"], beam_args=BEAM_ARGS,
                         embeddings=str(gen / "vectors" / "*.parquet"))
+

@@ -165,3 +165,24 @@ def test_knnlm_spec_equals_knnlm_with_prefix_reuse(datastore_dir, prefix_generat
     assert run(create_method("knnlm-spec", k=16, max_new_tokens=16, sequential_fallback=False)) == baseline
     stats = model._impl.prefix_cache.stats
     assert stats["reused_tokens"] > 2 * stats["computed_tokens"]
+
+
+def test_extended_datastore_searches_exactly_over_real_and_generated_entries(datastore_dir, tmp_path):
+    from specrag.importers.distractors import extend_datastore
+    from specrag.retrieval.datastore import Datastore
+    real = Datastore(datastore_dir, "flat")
+    manifest = extend_datastore(datastore_dir, tmp_path / "big", len(real) + 3000, seed=1, chunk=1000)
+    assert manifest["generated"]["generated_entries"] == 3000 and manifest["kinds"] == {"flat": {"faiss": False}}
+    big = Datastore(tmp_path / "big", "flat")
+    keys = np.load(tmp_path / "big" / "keys.npy")
+    np.testing.assert_array_equal(keys[:len(real)], np.load(datastore_dir / "keys.npy"))
+    assert set(np.load(tmp_path / "big" / "values.npy")[len(real):]) <= set(real.values)
+    rng = np.random.default_rng(0)
+    queries = [keys[i] + 0.1 * rng.standard_normal(keys.shape[1]).astype(np.float32)
+               for i in (3, len(real) + 5, len(keys) - 1)]
+    for q, (ids, dist) in zip(queries, big.search(queries, 8)):
+        exact = ((keys - q) ** 2).sum(1)
+        assert set(ids.tolist()) == set(np.lexsort((np.arange(len(keys)), exact))[:8].tolist())
+        np.testing.assert_allclose(dist, np.sort(exact)[:8], rtol=1e-4)
+    with pytest.raises(ValueError, match="scan-only"):
+        Datastore(tmp_path / "big", "flat", scan_precision=None)
