@@ -81,6 +81,9 @@ class Datastore:
         self.keys = np.load(path / "keys.npy", mmap_mode="r")
         self.values = np.load(path / "values.npy")
         self._index = None  # FAISS's: read when first searched (a flat scan in low precision never reads it)
+        if scan_precision is None and self.manifest["kinds"][kind].get("faiss", True) is False:
+            raise ValueError(f"datastore {path} is scan-only (no FAISS file): open it with a scan precision "
+                             "(--exact-scan int8|bf16|fp32)")
         self._scan = LazyScan(self.keys, scan_precision if kind == "flat" else None)
         self.scan_precision = self._scan.precision
 
