@@ -51,7 +51,8 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")
     dense = any(k in DENSE_KINDS for k in kinds)
-    precomputed = sorted({f for pattern in (embeddings or "").split(",") if pattern for f in expand_inputs(pattern)})
+    patterns = [x for x in (embeddings or "").split(",") if x]
+    precomputed = sorted({f for pattern in patterns for f in expand_inputs(pattern)})
     if precomputed and not dense:
         raise ValueError("--embeddings (precomputed vectors) needs a dense kind in --kinds")
     handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton,

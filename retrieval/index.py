@@ -63,22 +63,17 @@ def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra:
     return manifest
 
 
-def load_embedding_shards(shard_dir: Path, store: DocStore, precomputed: Sequence[str] = ()) -> np.ndarray:
-    """Assemble the (id, vector) shards into a matrix in document-store row order."""
-    return assemble_vectors(shard_dir, store, precomputed)[0]
-
-
 def assemble_vectors(shard_dir: Path, store: DocStore, precomputed: Sequence[str] = ()) -> tuple[np.ndarray, int]:
     """The job's embedding shards and the precomputed (id, vector) files the job did not embed
     again, as one matrix in document-store row order; and how many precomputed vectors belong
     to no passage (their rows were dead-lettered or are absent), which are skipped."""
     from specrag.transforms import files as fs
-    tables = [(str(f), pq.read_table(f)) for f in sorted(Path(shard_dir).glob("*.parquet"))]
-    tables += [(f, fs.read_parquet(f, ["id", "vector"])) for f in precomputed]
-    if not tables:
+    names = [str(f) for f in sorted(Path(shard_dir).glob("*.parquet"))] + list(precomputed)
+    if not names:
         raise FileNotFoundError(f"no embedding shards in {shard_dir}")
     matrix, seen, unused = None, np.zeros(len(store), dtype=bool), 0
-    for name, t in tables:
+    for name in names:  # one file in memory at a time: 5M vectors are 7.7 GB
+        t = fs.read_parquet(name, ["id", "vector"])
         ids = t.column("id").to_pylist()
         if not ids:
             continue
