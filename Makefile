@@ -59,9 +59,14 @@ install-chromium:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
+# Two test processes (pytest-xdist), a test file each at a time: module fixtures (a trained
+# model, a datastore) are built once, and cached fixtures once across both (a file lock).
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+TEST_WORKERS ?= 2
+
 test: install install-triton install-chromium
 	mkdir -p .tmp
-	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests
+	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests
 	$(MAKE) compare-smoke
 
 # The regression suite: the demo data's methods against their expectations (a few minutes).
@@ -71,12 +76,12 @@ compare-smoke: install
 
 test-fast: install
 	mkdir -p .tmp
-	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests -m "not slow"
+	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m "not slow"
 
 # the issues' acceptance sizes (e.g. 64 PopQA questions on three runners): about 25 minutes more
 test-full: install install-triton
 	mkdir -p .tmp
-	TMPDIR=$(CURDIR)/.tmp $(PY) -m pytest tests -m full
+	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m full
 
 clean:
 	rm -rf $(VENV) .venv-triton .tmp runs

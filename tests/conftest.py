@@ -5,6 +5,7 @@ tests that need it instead of skipping them.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -83,15 +84,25 @@ def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str], only: tupl
         corpus = imported / f"pooled_{'_'.join(only)}_corpus.parquet"
         pq.write_table(table.filter(pc.is_in(table.column("id"), value_set=pa.array(sorted(keep)))), corpus)
     cached = cache_dir() / "test-fixtures" / f"pooled_{'_'.join(kinds)}_{_pooled_key(corpus, kinds)}"
-    if not (cached / ".complete").exists():
-        staging = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
-        # both cores: nothing else runs while a session fixture builds
-        run_build_index(str(corpus), str(staging), kinds, beam_args=BEAM_ARGS, num_threads=2)
-        (staging / ".complete").write_text(str(corpus))
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(cached, ignore_errors=True)
-        shutil.copytree(staging, cached)
+    with _building(cached):
+        if not (cached / ".complete").exists():
+            staging = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
+            run_build_index(str(corpus), str(staging), kinds, beam_args=BEAM_ARGS, num_threads=2)
+            (staging / ".complete").write_text(str(corpus))
+            shutil.rmtree(cached, ignore_errors=True)
+            shutil.copytree(staging, cached)
     return cached
+
+
+@contextlib.contextmanager
+def _building(cached: Path):
+    """One builder of a cached fixture across the test workers (pytest-xdist processes): the
+    others wait for it and reuse its folder instead of building the same thing beside it."""
+    import fcntl
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with open(cached.parent / f".{cached.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -122,14 +133,14 @@ def cached_fixture(name: str, parts: list[bytes], build) -> Path:
     for part in parts:
         h.update(hashlib.sha256(part).digest())
     cached = cache_dir() / "test-fixtures" / f"{name}_{h.hexdigest()[:16]}"
-    if not (cached / ".complete").exists():
-        staging = Path(tempfile.mkdtemp(prefix=f"{name}-"))
-        build(staging)
-        (staging / ".complete").write_text(name)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(cached, ignore_errors=True)
-        shutil.copytree(staging, cached)
-        shutil.rmtree(staging, ignore_errors=True)
+    with _building(cached):
+        if not (cached / ".complete").exists():
+            staging = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+            build(staging)
+            (staging / ".complete").write_text(name)
+            shutil.rmtree(cached, ignore_errors=True)
+            shutil.copytree(staging, cached)
+            shutil.rmtree(staging, ignore_errors=True)
     return cached
 
 

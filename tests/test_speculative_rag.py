@@ -96,8 +96,8 @@ def test_verifier_segments_and_long_drafts_stay_finite(scorer, imported):
 
 @pytest.fixture(scope="module")
 def speculative_run(imported, pooled_bm25, generator, scorer, embedder):
-    queries = (_queries(imported, "popqa", 3) + _queries(imported, "arc_challenge", 1)
-               + _queries(imported, "pubhealth", 1))
+    queries = (_queries(imported, "popqa", 1) + _queries(imported, "arc_challenge", 1)
+               + _queries(imported, "pubhealth", 1))  # short form, four options, true/false
     engine = Engine(Services(models={"drafter": generator, "verifier": scorer, "embedder": embedder},
                              retriever=open_retriever(pooled_bm25, "bm25")))
     done, failures = run_method(engine, create_method("speculative-rag"), queries)
@@ -140,12 +140,12 @@ def test_ablations_change_only_what_they_name(speculative_run, pooled_bm25, gene
     queries, done, _ = speculative_run
     engine = Engine(Services(models={"drafter": generator, "verifier": scorer, "embedder": embedder},
                              retriever=open_retriever(pooled_bm25, "bm25")))
-    rnd, failures = run_method(engine, create_method("speculative-rag", selection="random"), queries[:2])
+    rnd, failures = run_method(engine, create_method("speculative-rag", selection="random"), queries[:1])
     assert not failures
     for full, r in zip(done, rnd):
         assert r.trace.counts["score_calls"] == 0  # no verification at all
         assert [d.answer for d in r.trace.method.drafts] == [d.answer for d in full.trace.method.drafts]
-    no_sr, _ = run_method(engine, create_method("speculative-rag", scores="draft,sc"), queries[:2])
+    no_sr, _ = run_method(engine, create_method("speculative-rag", scores="draft,sc"), queries[:1])
     for full, r in zip(done, no_sr):
         for a, b in zip(full.trace.method.drafts, r.trace.method.drafts):
             if a.parsed != "empty":

@@ -24,8 +24,10 @@ def sps_runs(imported, pooled_bm25, generator, embedder):
     engine = Engine(Services(models={"generator": generator, "embedder": embedder},
                              retriever=open_retriever(pooled_bm25, "bm25")))
     runs = {}
-    for label, extra in (("sps", {}), ("static", {"staged_retrieval": False}), ("random", {"selection": "random"})):
-        done, failures = run_method(engine, create_method("sps", **SHORT, **extra), queries)
+    # the ablations change what every question does alike: one question each shows it
+    for label, extra, n in (("sps", {}, 3), ("static", {"staged_retrieval": False}, 1),
+                            ("random", {"selection": "random"}, 1)):
+        done, failures = run_method(engine, create_method("sps", **SHORT, **extra), queries[:n])
         assert not failures
         runs[label] = done
     engine.close()
