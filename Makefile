@@ -61,8 +61,8 @@ install-chromium:
 
 # Two test processes (pytest-xdist), a test file each at a time: module fixtures (a trained
 # model, a datastore) are built once, and cached fixtures once across both (a file lock).
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 TEST_WORKERS ?= 2
+PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: install install-triton install-chromium
 	mkdir -p .tmp
