@@ -14,7 +14,14 @@ cannot pay) over three retrievers:
 - ADR, approximate dense: HNSW over the pooled corpus;
 - SR, sparse: bm25s over the pooled corpus (and ``lucene`` in --retrievers: Lucene BM25 via pyserini);
 and KNN-LM over a datastore of the pooled corpus (``--knnlm-entries``, Beam job) for each
-k in ``--knnlm-k``, exact (flat L2) and approximate (HNSW). Every RaLMSpec variant's output is compared with RaLMSeq's token for token. Writes
+k in ``--knnlm-k``, exact (flat L2) and approximate (HNSW). Every RaLMSpec variant's output is compared with RaLMSeq's token for token.
+
+At the papers' scale: ``--scale-index`` (benchmarks/scale_corpus.py: the pooled corpus plus
+generated distractors) for EDR/ADR/SR/lucene, ``cheap`` in --retrievers for bm25s over the pooled
+corpus alone (RaLMSeq and +F: where speculation cannot pay), ``--knnlm-extend-to`` for the exact
+KNN-LM search over the real datastore extended with generated entries. A search-cost table (one
+search of s questions against one) precedes the speed-ups. Each variant's measured requests are
+kept under $SPECRAG_BENCH_DIR, so a stopped run resumes where it stopped. Writes
 benchmarks/results/ralmspec.md; the last line is
 `edr_speedup=<r> adr_speedup=<r> sr_speedup=<r> knnlm_edr_speedup=<r> knnlm_adr_speedup=<r>
 cheap_bm25_ratio=<r> identical=<true|false>` (speed-ups are the best of RaLMSpec+PSA and +PSAF
@@ -71,13 +78,13 @@ def padded_flat_index(source: Path, out: Path, total: int, seed: int = 0) -> dic
     return manifest
 
 
-def serve(services, method, queries: list[dict], label: str) -> tuple[list[float], list]:
+def serve(services, method, queries: list[dict], label: str, cache: Path | None = None) -> tuple[list[float], list]:
     """One request at a time on a fresh engine (the paper's serving latency)."""
     from specrag.inference import Engine
     from workloads import serve_one_by_one
     engine = Engine(services)
     try:
-        return serve_one_by_one(engine, method, queries)
+        return serve_one_by_one(engine, method, queries, cache)
     except SystemExit as e:
         raise SystemExit(f"{label}: {e}") from None
     finally:
@@ -91,6 +98,7 @@ def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
     from specrag.methods import create_method
     from specrag.pipelines.build_datastore import run_build_datastore
     from specrag.retrieval.datastore import Datastore
+    from workloads import cache_file
     ds = work / f"datastore-{args.knnlm_entries}-{args.dtype}"
     if not (ds / "manifest.json").exists():
         # enough passages (by id, the datastore's order) for the entries: ~100 contexts each
@@ -102,21 +110,30 @@ def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
                             dtype=args.dtype, num_threads=args.threads,
                             beam_args=("--runner=FnApiRunner", "--direct_num_workers=2",
                                        "--direct_running_mode=multi_processing"))
+    stores = {"flat": ds, "hnsw": ds}
+    if args.knnlm_extend_to:
+        from specrag.importers.distractors import extend_datastore
+        stores["flat"] = work / f"datastore-{args.knnlm_entries}-{args.dtype}-extended-{args.knnlm_extend_to}"
+        if not (stores["flat"] / "manifest.json").exists():
+            extend_datastore(ds, stores["flat"], args.knnlm_extend_to)
     lm = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype,
                                        prefix_cache_mb=args.prefix_cache_mb))
     rows = []
-    for kind in ("flat", "hnsw"):
-        store = Datastore(ds, kind)
+    for kind, folder in stores.items():
+        store = Datastore(folder, kind)
         for k in [int(x) for x in args.knnlm_k.split(",")]:
             base = None
             for label, name, extra in KNNLM_VARIANTS:
                 lm.clear_prefix_cache()
                 method = create_method(name, k=k, max_new_tokens=args.knnlm_tokens, **extra)
                 lat, states = serve(Services(models={"generator": lm}, datastore=store), method,
-                                    queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}")
+                                    queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}",
+                                    cache_file(work / "measured-knnlm" / f"{folder.name}-{kind}", args.dataset, method,
+                                               f"{args.dtype}-pc{args.prefix_cache_mb}", args.threads))
                 outs = {s.id: s.trace.method.output_ids for s in states}
                 base = base or outs
-                rows.append({"datastore": kind, "k": k, "method": label, "mean_latency_s": statistics.mean(lat),
+                rows.append({"datastore": kind, "entries": len(store), "k": k, "method": label,
+                             "mean_latency_s": statistics.mean(lat),
                              "generation_s": statistics.mean(s.trace.timings["generation_s"] for s in states),
                              "retrieval_s": statistics.mean(s.trace.timings["retrieval_s"] for s in states),
                              "accepted": sum(s.trace.counts["speculation_accepted"] for s in states),
@@ -140,7 +157,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prefix-cache-mb", type=int, default=0,
                     help="prefix KV reuse of the generator (0: off); emptied before each variant")
-    ap.add_argument("--retrievers", default="edr,adr,sr")
+    ap.add_argument("--retrievers", default="edr,adr,sr",
+                    help="edr, adr, sr, lucene; cheap: bm25s over the pooled corpus alone (RaLMSeq and +F: "
+                         "cheap_bm25_ratio) when --scale-index puts sr on the large corpus")
+    ap.add_argument("--search-reps", type=int, default=3, help="calls per batch size in the search-cost table; "
+                                                               "0: no table")
     ap.add_argument("--scale-index", default=None,
                     help="an index of benchmarks/scale_corpus.py (pooled corpus + generated distractors): EDR (dense), "
                          "ADR (hnsw), SR (bm25) and lucene search it instead of the pooled corpus")
@@ -148,7 +169,10 @@ def main() -> int:
                                                    "runs first); default all")
     ap.add_argument("--dataset", default="nq", help="nq (short answers) or asqa (long-form: outputs run long)")
     ap.add_argument("--knnlm-k", default="1,16,256", help="empty: skip the KNN-LM part")
-    ap.add_argument("--knnlm-entries", type=int, default=1_000_000)
+    ap.add_argument("--knnlm-entries", type=int, default=1_000_000, help="entries of the real datastore (Beam job)")
+    ap.add_argument("--knnlm-extend-to", type=int, default=0,
+                    help="exact (flat) KNN-LM over the real datastore extended with generated entries to this "
+                         "many (importers/distractors.py extend_datastore); HNSW stays over the real one")
     ap.add_argument("--knnlm-questions", type=int, default=10)
     ap.add_argument("--knnlm-tokens", type=int, default=32)
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
@@ -165,7 +189,8 @@ def main() -> int:
     from specrag.pipelines.build_index import run_build_index
     from specrag.retrieval import open_retriever
     from specrag.schemas import validate_query
-    from workloads import SHARED_SETS, machine_line, markdown_table, publish
+    from search_cost import BATCHES, time_batches
+    from workloads import SHARED_SETS, cache_file, machine_line, markdown_table, publish
 
     work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-ralmspec-bench"))
     data = work / "data"
@@ -199,6 +224,8 @@ def main() -> int:
         retrievers["sr"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
     if "lucene" in kinds and scale is None:  # the second sparse retriever (pyserini), same corpus
         retrievers["lucene"] = open_retriever(index_of("lucene", ["lucene"]), "lucene")
+    if "cheap" in kinds:  # retrieval at ~1 ms: where speculation has nothing to save (the full suite's setting)
+        retrievers["cheap"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
     scale_passages = json.loads((scale / "manifest.json").read_text())["passages"] if scale else 0
     queries = [validate_query(r) for r in
                pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
@@ -206,6 +233,16 @@ def main() -> int:
                                               prefix_cache_mb=args.prefix_cache_mb))
     settings = dict(stride=args.stride, max_new_tokens=args.max_new_tokens, doc_max_tokens=args.doc_tokens)
 
+    cost_rows = []
+    for kind, retriever in retrievers.items() if args.search_reps else ():
+        costs = time_batches(lambda batch: retriever.search(batch, 20), [q["question"] for q in queries],
+                             args.search_reps)
+        cost_rows.append({"retriever": kind, "single_ms": 1000 * costs[1],
+                          **{f"x{s}": costs[s] / costs[1] for s in BATCHES[1:]}})
+        print(f"  search cost {kind}: {cost_rows[-1]}", file=sys.stderr, flush=True)
+    # measured requests are kept per (index, variant): an interrupted run resumes where it stopped
+    measured = work / "measured-ralmspec" / (f"{scale.name}-{scale_passages}" if scale else f"pooled-edr{args.edr_vectors}")
+    model_key = f"{args.dtype}-pc{args.prefix_cache_mb}"
     rows, identical = [], True
     for kind, retriever in retrievers.items():
         t = time.perf_counter()  # one exact search should cost about one generation step
@@ -213,10 +250,13 @@ def main() -> int:
         search_s = time.perf_counter() - t
         baseline = None
         for label, name, extra in variants:
+            if kind == "cheap" and label not in ("RaLMSeq", "RaLMSpec+F"):
+                continue
             generator.clear_prefix_cache()  # each variant starts as a fresh worker would
             method = create_method(name, **settings, **extra)
             latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
-                                      method, queries, f"{kind} {label}")
+                                      method, queries, f"{kind} {label}",
+                                      cache_file(measured / kind, args.dataset, method, model_key, args.threads))
             outputs = {s.id: s.trace.method.output_ids for s in states}
             if baseline is None:
                 baseline = outputs
@@ -251,20 +291,32 @@ def main() -> int:
                  f"(pooled corpus + generated distractors, {scale})" if scale else
                  f"EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + random unit padding), ADR = HNSW "
                  f"and SR = bm25s over the pooled corpus (14,947 passages)") + "; pad_docs: accepted steps whose "
-             "document was padding or a distractor.")
+             "document was padding or a distractor" + ("; cheap = bm25s over the pooled corpus alone" if
+                                                        "cheap" in retrievers else "") + (
+             f"; KNN-LM: {args.knnlm_questions} questions, {args.knnlm_tokens} tokens, a real datastore of "
+             f"{args.knnlm_entries:,} entries (SmolLM2 states over the pooled corpus, Beam job)" + (
+                 f" extended with generated entries to {args.knnlm_extend_to:,} for the exact (flat) search"
+                 if args.knnlm_extend_to else "") if args.knnlm_k else "") + ".")
     identical &= all(r["identical"].split("/")[0] == r["identical"].split("/")[1] for r in knn_rows)
 
     def knn_best(kind):
         best = [r["speedup"] for r in knn_rows if r["datastore"] == kind and r["method"] != "KNN-LM"]
         return f"{max(best):.2f}" if best else "na"
-    cheap = next((f"{r['speedup']:.2f}" for r in rows if r["retriever"] == "sr" and r["method"] == "RaLMSpec+F"), "na")
+    cheap_kind = "cheap" if "cheap" in retrievers else "sr" if scale is None else None
+    cheap = next((f"{r['speedup']:.2f}" for r in rows if r["retriever"] == cheap_kind and r["method"] == "RaLMSpec+F"),
+                 "na")
     last = (f"edr_speedup={speedup('edr')} adr_speedup={speedup('adr')} sr_speedup={speedup('sr')} "
             f"knnlm_edr_speedup={knn_best('flat')} knnlm_adr_speedup={knn_best('hnsw')} cheap_bm25_ratio={cheap} "
             f"identical={'true' if identical else 'false'}")
     report = ["", *markdown_table(rows, cols)]
+    if cost_rows:
+        report += ["", "Search cost (median of --search-reps calls; x<s>: one search of s questions, top-20, in single "
+                   "searches — embedding included for the dense kinds; the paper: about 1 below 10 queries for exact "
+                   "retrieval on its GPU):", "",
+                   *markdown_table(cost_rows, ["retriever", "single_ms", *(f"x{s}" for s in BATCHES[1:])])]
     if knn_rows:
         report += ["", "KNN-LM (token-level), same questions, one request at a time:", "",
-                   *markdown_table(knn_rows, ["datastore", "k", "method", "mean_latency_s", "generation_s",
+                   *markdown_table(knn_rows, ["datastore", "entries", "k", "method", "mean_latency_s", "generation_s",
                                               "retrieval_s", "speedup", "accepted", "rollbacks", "identical"])]
     publish(args.results, "RaLMSpec benchmark", setup, "\n".join(report), last)
     return 0
