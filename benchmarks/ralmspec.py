@@ -21,7 +21,9 @@ generated distractors) for EDR/ADR/SR/lucene, ``cheap`` in --retrievers for bm25
 corpus alone (RaLMSeq and +F: where speculation cannot pay), ``--knnlm-extend-to`` for the exact
 KNN-LM search over the real datastore extended with generated entries. A search-cost table (one
 search of s questions against one) precedes the speed-ups. Each variant's measured requests are
-kept under $SPECRAG_BENCH_DIR, so a stopped run resumes where it stopped. Writes
+kept under $SPECRAG_BENCH_DIR (by index, method settings, dtype and prefix-cache size), so a stopped
+run resumes where it stopped; they are reused whatever the code, so delete measured-ralmspec/ and
+measured-knnlm/ there to measure a changed engine again. Writes
 benchmarks/results/ralmspec.md; the last line is
 `edr_speedup=<r> adr_speedup=<r> sr_speedup=<r> knnlm_edr_speedup=<r> knnlm_adr_speedup=<r>
 cheap_bm25_ratio=<r> identical=<true|false>` (speed-ups are the best of RaLMSpec+PSA and +PSAF
@@ -291,12 +293,15 @@ def main() -> int:
                  f"(pooled corpus + generated distractors, {scale})" if scale else
                  f"EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + random unit padding), ADR = HNSW "
                  f"and SR = bm25s over the pooled corpus (14,947 passages)") + "; pad_docs: accepted steps whose "
-             "document was padding or a distractor" + ("; cheap = bm25s over the pooled corpus alone" if
-                                                        "cheap" in retrievers else "") + (
-             f"; KNN-LM: {args.knnlm_questions} questions, {args.knnlm_tokens} tokens, a real datastore of "
-             f"{args.knnlm_entries:,} entries (SmolLM2 states over the pooled corpus, Beam job)" + (
-                 f" extended with generated entries to {args.knnlm_extend_to:,} for the exact (flat) search"
-                 if args.knnlm_extend_to else "") if args.knnlm_k else "") + ".")
+             "document was padding or a distractor")
+    if "cheap" in retrievers:
+        setup += "; cheap = bm25s over the pooled corpus alone"
+    if args.knnlm_k:
+        setup += (f"; KNN-LM: {args.knnlm_questions} questions, {args.knnlm_tokens} tokens, a real datastore of "
+                  f"{args.knnlm_entries:,} entries (SmolLM2 states over the pooled corpus, Beam job)")
+    if args.knnlm_k and args.knnlm_extend_to:
+        setup += f" extended with generated entries to {args.knnlm_extend_to:,} for the exact (flat) search"
+    setup += "."
     identical &= all(r["identical"].split("/")[0] == r["identical"].split("/")[1] for r in knn_rows)
 
     def knn_best(kind):
