@@ -46,8 +46,8 @@ class LocalModelConfig:
     max_prompt_tokens: int = 4096
     dtype: str = "float32"  # "bfloat16" is ~2x faster on CPUs with AMX/AVX512-BF16, not bit-equal
     device: str = "cpu"  # "cuda:N" when a Triton GPU instance serves the model
-    # prefix KV reuse (inference/prefix_cache.py): MiB of full-block KV kept per model and process;
-    # 0 = off (one forward over each prompt). On, prompts are prefilled block by block.
+    # prefix KV reuse (inference/prefix_cache.py): MiB of KV segments kept per model and process;
+    # 0 = off (one forward over each prompt). On, a prompt's continuation ids are prefilled in blocks.
     prefix_cache_mb: int = 0
     prefix_block_tokens: int = BLOCK_TOKENS
 
@@ -131,18 +131,21 @@ class LocalCausalLM:
                     out[i] = g
         return out
 
-    def _prefill(self, prompts: list[list[int]], extra_capacity: int):
+    def _prefill(self, prompts: list[list[int]], extra_capacity: int, head_lens: list[int] | None = None):
         """KV cache, attention mask, last positions and next-token logits for a batch.
 
         Rows are prefilled one at a time and stacked (see kv_cache); models whose cache
         cannot be stacked (sliding-window layers) fall back to one left-padded forward.
+        ``head_lens``: where each row's prompt ends and its continuation ids begin (the
+        prefix cache's segments); None: all prompt.
         """
         import torch
         from transformers.cache_utils import DynamicCache
-        if self.prefix_cache is not None:  # blocked prefill, reusing cached full blocks
+        if self.prefix_cache is not None:  # segmented prefill, reusing cached segments
             caches, logits = [], []
-            for ids in prompts:
-                cache, last_logits, _ = self.prefix_cache.prefill(self.model, ids)
+            for row, ids in enumerate(prompts):
+                head = len(ids) if head_lens is None else head_lens[row]
+                cache, last_logits, _ = self.prefix_cache.prefill(self.model, ids[:head], ids[head:])
                 caches.append(cache)
                 logits.append(last_logits)
             ids, mask = _left_pad(prompts, self.pad_id, self.device)
@@ -186,7 +189,8 @@ class LocalCausalLM:
 
     def _generate(self, requests: list[GenerateRequest]) -> list[Generation]:
         import torch
-        prompts = [self.prompt_ids(r.prompt, r.chat) + list(r.continuation_ids) for r in requests]
+        heads = [self.prompt_ids(r.prompt, r.chat) for r in requests]
+        prompts = [h + list(r.continuation_ids) for h, r in zip(heads, requests)]
         over = [len(p) for p in prompts if len(p) > self.config.max_prompt_tokens]
         if over:
             raise ValueError(f"prompt has {over[0]} tokens with its continuation, over max_prompt_tokens="
@@ -201,7 +205,8 @@ class LocalCausalLM:
         active = list(range(n))  # rows of the current batch -> request index
         started = time.perf_counter()
         with torch.inference_mode():
-            past, mask, last_pos, logits = self._prefill(prompts, max(r.max_new_tokens for r in requests))
+            past, mask, last_pos, logits = self._prefill(prompts, max(r.max_new_tokens for r in requests),
+                                                         [len(h) for h in heads])
             prefilled = time.perf_counter()
             while active:
                 self.stats["decode_steps"] += 1
@@ -391,9 +396,11 @@ class LocalCausalLM:
         out = []
         with self._lock, torch.inference_mode():
             for r in requests:
-                ids = self.prompt_ids(r.prompt, r.chat) + list(r.continuation_ids)
-                if self.prefix_cache is not None:  # the prefix's full blocks come from earlier steps
-                    _, last_logits, last_hidden = self.prefix_cache.prefill(self.model, ids, hidden=True)
+                head = self.prompt_ids(r.prompt, r.chat)
+                ids = head + list(r.continuation_ids)
+                if self.prefix_cache is not None:  # the prompt and full blocks come from earlier steps
+                    _, last_logits, last_hidden = self.prefix_cache.prefill(self.model, head, r.continuation_ids,
+                                                                            hidden=True)
                 else:
                     res = self.model(input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True,
                                      logits_to_keep=1, use_cache=False)

@@ -180,21 +180,21 @@ def embedder():
 @pytest.fixture(scope="session")
 def prefix_generator(generator):
     """The session's SmolLM2 weights behind a second backend object with prefix KV reuse
-    (16-token blocks, so short test prompts span several); each call gives it a fresh cache
+    (blocks of 4 continuation tokens, RaLM's stride); each call gives it a fresh cache
     (``budget`` bytes), as a new worker would have."""
     from specrag.inference.local import LocalModelConfig
     from specrag.inference.prefix_cache import PrefixKVCache
     impl = generator._impl
     clone = object.__new__(type(impl))
     clone.__dict__.update(impl.__dict__)
-    clone.config = LocalModelConfig(impl.config.model, prefix_cache_mb=64, prefix_block_tokens=16)
+    clone.config = LocalModelConfig(impl.config.model, prefix_cache_mb=64, prefix_block_tokens=4)
     clone.stats = dict(impl.stats)
     backend = object.__new__(type(generator))
     backend.__dict__.update(generator.__dict__)
     backend._impl = clone
 
     def fresh(budget: int = 64 << 20):
-        clone.prefix_cache = PrefixKVCache(16, budget)
+        clone.prefix_cache = PrefixKVCache(4, budget)
         return backend
     return fresh
 

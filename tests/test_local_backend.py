@@ -138,3 +138,26 @@ def test_prefix_reuse_returns_the_tokens_of_a_cold_cache(prefix_generator):
     again = [prefix_generator().next_token([NextTokenRequest(PROMPTS[2], ids[:n])])[0] for n in range(0, len(ids), 3)]
     for a, b in zip(states, again):
         assert np.array_equal(a.hidden, b.hidden) and np.array_equal(a.logprobs, b.logprobs)
+
+
+def test_prefix_segments_follow_the_request_not_the_cache():
+    """The prompt is one segment, continuation ids blocks counted from its end, a partial block last."""
+    from specrag.inference.prefix_cache import segment_bounds, segment_keys
+    assert segment_bounds(5, 0, 4) == [5]
+    assert segment_bounds(5, 9, 4) == [5, 9, 13, 14]
+    assert segment_bounds(5, 8, 4) == [5, 9, 13]
+    assert segment_bounds(0, 6, 4) == [4, 6]
+    ids = list(range(100, 114))
+    keys = segment_keys(ids, [5, 9, 13, 14])
+    assert segment_keys(ids[:13], [5, 9, 13]) == keys[:3]  # a longer request finds the shorter one's segments
+    assert segment_keys(ids[:13], [9, 13])[-1] != keys[2]  # the same tokens cut elsewhere are other KV
+
+
+def test_prefix_reuse_of_a_plain_prompt_is_one_forward_as_without_it(generator, prefix_generator):
+    """A request without continuation ids is prefilled as one forward, cache or not: same bits."""
+    requests = [GenerateRequest(p, max_new_tokens=6, batch_invariant=True) for p in PROMPTS[:2]]
+    cached = prefix_generator()
+    for req in requests:
+        with_cache, without = cached.generate([req])[0], generator.generate([req])[0]
+        assert with_cache.token_ids == without.token_ids and with_cache.token_logprobs == without.token_logprobs
+    assert cached._impl.prefix_cache.stats["forwards"] == len(requests)

@@ -144,8 +144,8 @@ class RuntimeConfig:
                 "datastore": _folder_fingerprint(self.datastore_dir),
                 "datastore_kind": self.datastore_kind if self.datastore_dir else None,
                 "triplets": _folder_fingerprint(self.triplets_dir),
-                # blocked prefill (prefix KV reuse) can differ from one forward in the last bits
-                **({"prefill_blocks": BLOCK_TOKENS} if self.prefix_cache_mb else {})}
+                # segmented prefill (prefix KV reuse) can differ from one forward in the last bits
+                **({"prefill_segments": f"prompt+{BLOCK_TOKENS}"} if self.prefix_cache_mb else {})}
 
 
 def _manifest(folder: str, what: str, build: str) -> dict:
