@@ -91,7 +91,8 @@ class Datastore:
     def index(self):
         import faiss
         if self._index is None:
-            self._index = faiss.read_index(str(self.path / f"{self.kind}.faiss"))
+            self._index = faiss.read_index(str(self.path / f"{self.kind}.faiss"),
+                                           faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)  # pages as searched
             if self.kind == "hnsw":
                 self._index.hnsw.efSearch = HNSW_EF_SEARCH
         return self._index
