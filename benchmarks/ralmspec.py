@@ -17,7 +17,8 @@ and KNN-LM over a datastore of the pooled corpus (``--knnlm-entries``, Beam job)
 k in ``--knnlm-k``, exact (flat L2) and approximate (HNSW). Every RaLMSpec variant's output is compared with RaLMSeq's token for token.
 
 At the papers' scale: ``--scale-index`` (benchmarks/scale_corpus.py: the pooled corpus plus
-generated distractors) for EDR/ADR/SR/lucene, ``cheap`` in --retrievers for bm25s over the pooled
+generated distractors; several, comma-separated: each kind from the first that has it, e.g. EDR
+from a 5M dense build and SR from a 1M bm25 one) for EDR/ADR/SR/lucene, ``cheap`` in --retrievers for bm25s over the pooled
 corpus alone (RaLMSeq and +F: where speculation cannot pay), ``--knnlm-extend-to`` for the exact
 KNN-LM search over the real datastore extended with generated entries. A search-cost table (one
 search of s questions against one) precedes the speed-ups. Each variant's measured requests are
@@ -165,8 +166,9 @@ def main() -> int:
     ap.add_argument("--search-reps", type=int, default=3, help="calls per batch size in the search-cost table; "
                                                                "0: no table")
     ap.add_argument("--scale-index", default=None,
-                    help="an index of benchmarks/scale_corpus.py (pooled corpus + generated distractors): EDR (dense), "
-                         "ADR (hnsw), SR (bm25) and lucene search it instead of the pooled corpus")
+                    help="indexes of benchmarks/scale_corpus.py (pooled corpus + generated distractors), comma-"
+                         "separated: EDR (dense), ADR (hnsw), SR (bm25) and lucene search the first that has their "
+                         "kind instead of the pooled corpus")
     ap.add_argument("--variants", default="", help="comma-separated labels of VARIANTS to run (RaLMSeq always "
                                                    "runs first); default all")
     ap.add_argument("--dataset", default="nq", help="nq (short answers) or asqa (long-form: outputs run long)")
@@ -209,13 +211,17 @@ def main() -> int:
             run_build_index(str(data / "pooled_corpus.parquet"), str(folder), index_kinds)
         return folder
     embedder = LocalBackend(LocalModelConfig("all-minilm-l6-v2", num_threads=args.threads))
-    retrievers = {}
-    scale = Path(args.scale_index) if args.scale_index else None
-    if scale is not None:
-        for kind, index_kind in (("edr", "dense"), ("adr", "hnsw"), ("sr", "bm25"), ("lucene", "lucene")):
-            if kind in kinds:
-                retrievers[kind] = open_retriever(scale, index_kind, embedder.embed)
-    elif "edr" in kinds:
+    retrievers, served_by = {}, {}  # served_by: kind -> (scale index, its passages)
+    scales = [Path(p) for p in args.scale_index.split(",")] if args.scale_index else []
+    scale = scales[0] if scales else None
+    for kind, index_kind in (("edr", "dense"), ("adr", "hnsw"), ("sr", "bm25"), ("lucene", "lucene")):
+        if kind in kinds and scales:
+            manifests = [(p, json.loads((p / "manifest.json").read_text())) for p in scales]
+            found = next(((p, m["passages"]) for p, m in manifests if index_kind in m["kinds"]), None)
+            if found is None:
+                raise SystemExit(f"{kind}: no {index_kind!r} index in --scale-index {args.scale_index}")
+            retrievers[kind], served_by[kind] = open_retriever(found[0], index_kind, embedder.embed), found
+    if "edr" in kinds and scale is None:
         padded = work / f"edr-{args.edr_vectors}"
         if not (padded / "manifest.json").exists():
             padded_flat_index(index_of("dense", ["dense", "hnsw"]), padded, args.edr_vectors)
@@ -228,7 +234,6 @@ def main() -> int:
         retrievers["lucene"] = open_retriever(index_of("lucene", ["lucene"]), "lucene")
     if "cheap" in kinds:  # retrieval at ~1 ms: where speculation has nothing to save (the full suite's setting)
         retrievers["cheap"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
-    scale_passages = json.loads((scale / "manifest.json").read_text())["passages"] if scale else 0
     queries = [validate_query(r) for r in
                pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
     generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype,
@@ -243,7 +248,9 @@ def main() -> int:
                           **{f"x{s}": costs[s] / costs[1] for s in BATCHES[1:]}})
         print(f"  search cost {kind}: {cost_rows[-1]}", file=sys.stderr, flush=True)
     # measured requests are kept per (index, variant): an interrupted run resumes where it stopped
-    measured = work / "measured-ralmspec" / (f"{scale.name}-{scale_passages}" if scale else f"pooled-edr{args.edr_vectors}")
+    def measured(kind: str) -> Path:
+        folder, passages = served_by.get(kind, (None, 0))
+        return work / "measured-ralmspec" / (f"{folder.name}-{passages}" if folder else f"pooled-edr{args.edr_vectors}")
     model_key = f"{args.dtype}-pc{args.prefix_cache_mb}"
     rows, identical = [], True
     for kind, retriever in retrievers.items():
@@ -258,7 +265,7 @@ def main() -> int:
             method = create_method(name, **settings, **extra)
             latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
                                       method, queries, f"{kind} {label}",
-                                      cache_file(measured / kind, args.dataset, method, model_key, args.threads))
+                                      cache_file(measured(kind) / kind, args.dataset, method, model_key, args.threads))
             outputs = {s.id: s.trace.method.output_ids for s in states}
             if baseline is None:
                 baseline = outputs
@@ -267,7 +274,9 @@ def main() -> int:
             t = lambda key: statistics.mean(s.trace.timings[key] for s in states)  # noqa: E731
             c = lambda key: sum(s.trace.counts[key] for s in states)  # noqa: E731
             steps = [getattr(s.trace.method, "speculation_steps", 0) for s in states]
-            rows.append({"retriever": kind, "method": label, "mean_latency_s": statistics.mean(latencies),
+            passages = served_by[kind][1] if kind in served_by else len(getattr(retriever, "store", ()))
+            rows.append({"retriever": kind, "passages": passages,
+                         "method": label, "mean_latency_s": statistics.mean(latencies),
                          "generation_s": t("generation_s"), "retrieval_s": t("retrieval_s"),
                          "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
                          "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
@@ -279,7 +288,7 @@ def main() -> int:
             if r["retriever"] == kind:
                 r["speedup"] = seq / r["mean_latency_s"]
     knn_rows = knnlm_rows(args, work, data, queries) if args.knnlm_k else []
-    cols = ["retriever", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup", "index_searches",
+    cols = ["retriever", "passages", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup", "index_searches",
             "speculation_steps", "accepted", "rollbacks", "pad_docs", "identical", "single_search_s"]
 
     def speedup(kind):
@@ -289,8 +298,9 @@ def main() -> int:
              f"{f'{args.prefix_cache_mb} MiB' if args.prefix_cache_mb else 'off'}; {len(queries)} {args.dataset} questions served one "
              f"at a time; stride {args.stride} tokens, documents cut to {args.doc_tokens} tokens, up to "
              f"{args.max_new_tokens} new tokens; " + (
-                 f"EDR = flat, ADR = HNSW, SR = bm25s (lucene: Lucene BM25) over {scale_passages:,} passages "
-                 f"(pooled corpus + generated distractors, {scale})" if scale else
+                 "EDR = flat, ADR = HNSW, SR = bm25s (lucene: Lucene BM25) over the pooled corpus + generated "
+                 "distractors (passages: the table; " + ", ".join(f"{k}: {p}" for k, (p, _) in served_by.items()) + ")"
+                 if scale else
                  f"EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + random unit padding), ADR = HNSW "
                  f"and SR = bm25s over the pooled corpus (14,947 passages)") + "; pad_docs: accepted steps whose "
              "document was padding or a distractor")

@@ -3,8 +3,9 @@
 An exact search over n vectors is a scan of the whole matrix. In fp32 on one CPU core a
 batch of s queries is compute-bound (issue 31: 1M x 576, 1 query 0.18 s, 3 queries 0.47 s),
 so a RaLMSpec verification of s steps cost ~2.6 searches instead of the paper's ~1. Here the
-scan runs over a low-precision copy — int8 rows through fbgemm (a quarter of the bytes, 7-bit
-queries: no int16 saturation on AVX2), or bf16 for AMX hosts — and every row whose
+scan runs over a low-precision copy — int8 rows through fbgemm (a quarter of the bytes; each
+query as two 7-bit parts, its steps and their remainder on a 126x finer grid, in one product: no
+int16 saturation on AVX2), or bf16 for AMX hosts — and every row whose
 approximate score lies within the precision's **proven** error bound of the k-th best is a
 candidate. Callers re-score the candidates with their canonical fp32 function, so the result
 is the exact fp32 top-k (ids, scores, tie-breaks), whatever the precision or batch size.
@@ -107,19 +108,32 @@ class LowPrecisionScan:
         return packed, q.astype(np.float64) * scale.astype(np.float64)[:, None]
 
     def _quantise_queries(self, queries: np.ndarray):
-        """(kernel operand, grid values q̂ as float64, per-query output scales or None)."""
+        """(kernel operand, grid values q̂ as float64, per-query output scales [queries, parts]
+        or None, the norm the kernel's rounding scales with: Σ over parts of ||part||)."""
         import torch
         if self.precision == "fp32":
-            return torch.from_numpy(queries), queries.astype(np.float64), None
+            q64 = queries.astype(np.float64)
+            return torch.from_numpy(queries), q64, None, np.linalg.norm(q64, axis=1)
         if self.precision == "bf16":
             low = torch.from_numpy(queries).to(torch.bfloat16)
-            return low, low.to(torch.float64).numpy(), None
-        # one grid per query (fbgemm quantises the whole input with one scale): integer steps
-        # in [-63, 63] go in with scale 1, and each output row is scaled by its query's step
-        peak = np.abs(queries).max(axis=1).astype(np.float64)
-        scale = np.where(peak > 0, peak / QUERY_LEVELS, 1.0).astype(np.float32).astype(np.float64)
-        steps = np.clip(np.rint(queries.astype(np.float64) / scale[:, None]), -QUERY_LEVELS, QUERY_LEVELS)
-        return torch.from_numpy(steps.astype(np.float32)), steps * scale[:, None], scale
+            q_hat = low.to(torch.float64).numpy()
+            return low, q_hat, None, np.linalg.norm(q_hat, axis=1)
+        # One grid per query (fbgemm quantises the whole input with one scale): integer steps in
+        # [-63, 63] go in with scale 1, and each output row is scaled by its query's step. Two
+        # parts: the steps, then the remainder on a grid 126x finer, as two rows of the same
+        # product (the scan reads each weight once either way). A 7-bit query alone leaves
+        # ||x||·||q - q̂|| as the largest term of the bound: on KNN-LM states (||x|| ~ 45, a few
+        # outlier dimensions set the step) it admitted 30k-200k candidates of 5M.
+        q64 = queries.astype(np.float64)
+        peak = np.abs(q64).max(axis=1)
+        coarse = np.where(peak > 0, peak / QUERY_LEVELS, 1.0).astype(np.float32).astype(np.float64)
+        fine = (coarse / (2 * QUERY_LEVELS)).astype(np.float32).astype(np.float64)
+        steps = np.clip(np.rint(q64 / coarse[:, None]), -QUERY_LEVELS, QUERY_LEVELS)
+        rest = np.clip(np.rint((q64 - steps * coarse[:, None]) / fine[:, None]), -QUERY_LEVELS, QUERY_LEVELS)
+        parts = np.stack([steps * coarse[:, None], rest * fine[:, None]])  # exact in float64
+        operand = torch.from_numpy(np.concatenate([steps, rest]).astype(np.float32))
+        scales = np.stack([coarse, fine], axis=1)
+        return operand, parts.sum(axis=0), scales, np.linalg.norm(parts, axis=2).sum(axis=0)
 
     def _products(self, block, operand, q_scale):
         """The block's approximate x̂·q̂, as float32 [queries, rows]."""
@@ -127,7 +141,9 @@ class LowPrecisionScan:
         if self.precision == "int8":
             out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
                 operand, 1.0, QUERY_ZERO_POINT, block).numpy()
-            return out * q_scale.astype(np.float32)[:, None]
+            nq = len(q_scale)  # rows: every query's steps, then every query's remainder
+            scales = q_scale.astype(np.float32)
+            return out[:nq] * scales[:, :1] + out[nq:] * scales[:, 1:]
         else:
             out = torch.matmul(operand, block.T).to(torch.float32)
         return out.numpy()
@@ -144,8 +160,8 @@ class LowPrecisionScan:
         nq, k = len(queries), min(k, self.n)
         if nq == 0 or k <= 0:
             return [np.zeros(0, dtype=np.int64) for _ in range(nq)]
-        operand, q_hat, q_scale = self._quantise_queries(queries)
-        coeffs, q_sq = self._coefficients(queries, q_hat, metric)
+        operand, q_hat, q_scale, kernel_norm = self._quantise_queries(queries)
+        coeffs, q_sq = self._coefficients(queries, q_hat, kernel_norm, metric)
         # pass 1: approximate "higher is better" values h and chunk maxima
         h = np.empty((nq, self.n), dtype=np.float32)
         with self._lock:
@@ -174,29 +190,31 @@ class LowPrecisionScan:
             out.append(rows[hv + e >= kth_lower].astype(np.int64))
         return out
 
-    def _coefficients(self, queries: np.ndarray, q_hat: np.ndarray, metric: str):
-        """[4, queries] coefficients of (||x||, r, ||x||², 1) in each query's error bound."""
+    def _coefficients(self, queries: np.ndarray, q_hat: np.ndarray, kernel_norm: np.ndarray, metric: str):
+        """[4, queries] coefficients of (||x||, r, ||x||², 1) in each query's error bound.
+        ``kernel_norm`` (>= ||q̂||): what the kernel's rounding and a's magnitude scale with —
+        the sum of the parts' norms when q̂ goes in as parts whose products are summed."""
         q64 = queries.astype(np.float64)
         q_norm = np.linalg.norm(q64, axis=1)
         qh_norm = np.linalg.norm(q_hat, axis=1)
+        kn = kernel_norm
         delta = np.linalg.norm(q64 - q_hat, axis=1)
         c_lp = _kernel_rounding(self.precision, self.dim)
         g = gamma(self.dim)
         q_sq = (q_norm ** 2).astype(np.float32)
-        # |x·q - a| <= ||x||·(δ + c_lp||q̂||) + r·(1 + c_lp)||q̂||
-        ip_x, ip_r = delta + c_lp * qh_norm, (1.0 + c_lp) * qh_norm
+        # |x·q - a| <= ||x||·δ + r·||q̂|| + c_lp·(||x|| + r)·kn   (||x̂|| <= ||x|| + r)
+        ip_x, ip_r = delta + c_lp * kn, qh_norm + c_lp * kn
+        # + float32 rounding of a itself and of the sum of the parts' products (|a| <= (||x|| + r)·kn·(1 + c_lp))
+        own = 3 * U32 * kn
         if metric == "ip":
-            coeffs = np.stack([ip_x + g * q_norm, ip_r, np.zeros_like(q_norm), np.zeros_like(q_norm)])
-            # + float32 rounding of a itself (|a| <= (||x|| + r)||q̂||(1 + c_lp))
-            coeffs[0] += 2 * U32 * qh_norm
-            coeffs[1] += 2 * U32 * qh_norm
+            coeffs = np.stack([ip_x + g * q_norm + own, ip_r + own, np.zeros_like(q_norm), np.zeros_like(q_norm)])
             return coeffs, q_sq
         # L2: h = 2a - ||x||² - ||q||², |h + D| <= 2|x·q - a| + float32 rounding of h;
         # canonical D within (γ_d + 3u)·D <= (γ_d + 3u)(||x||² + ||q||² + 2||x||·||q||)
         gl = g + 3 * U32
         rnd = 4 * U32  # the three float32 operations forming h, relative to their magnitudes
-        lin_x = 2 * ip_x + (gl + rnd) * 2 * q_norm + rnd * 2 * qh_norm
-        lin_r = 2 * ip_r + rnd * 2 * qh_norm
+        lin_x = 2 * (ip_x + own) + (gl + rnd) * 2 * q_norm + rnd * 2 * kn
+        lin_r = 2 * (ip_r + own) + rnd * 2 * kn
         sq = np.full_like(q_norm, gl + rnd)
         const = (gl + rnd) * q_norm ** 2
         return np.stack([lin_x, lin_r, sq, const]), q_sq
