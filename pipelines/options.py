@@ -61,8 +61,8 @@ class RuntimeOptions(PipelineOptions):
                    "case): int8 (fbgemm; default), bf16 (AMX CPUs), fp32, or faiss (FAISS's own scan)")
         _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
         _flag(group, "prefix_cache_mb", type=int, default=0,
-              help="prefix KV reuse: MiB of prompt KV blocks each local LM keeps per worker (0: off); a request "
-                   "that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
+              help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off); a "
+                   "request that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
         _flag(group, "dtype", default="float32", help="float32 | bfloat16 (faster on AMX CPUs, not bit-equal)")
         _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
         _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
