@@ -19,13 +19,19 @@ the verification yields the true token), against a sequential step (one index se
 generation, measured on the request's own real steps). Where retrieval is cheap (BM25 over a
 small corpus, ~1 ms against ~250 ms of generation) nothing can be saved and every mismatch
 costs a step, so the loop takes plain sequential steps — RaLMSeq's own — instead; it
-speculates again when the measured costs say it pays. Decisions are the trace's
-``stride_history`` (0 = a sequential step).
+speculates again when the measured costs say it pays. The decision uses the measured γ, not
+the paper's capped one (γmax = 0.6 keeps OS³'s stride choice cautious, but as a forecast of
+whether a round pays it said "never" on a 3M-passage index where 193 of 193 rounds matched);
+with nothing measured lately it tries a round where one with every step guessed would be
+``EXPLORE_GAIN`` faster than sequential steps. Decisions are the trace's ``stride_history``
+(0 = a sequential step).
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+EXPLORE_GAIN = 1.1  # try speculating (to measure γ) only where the best case is this much faster
 
 
 def expected_verified(gamma: float, s: int) -> float:
@@ -93,12 +99,14 @@ class StrideScheduler:
         self._verifications.append(seconds)
         self._rounds.append((stride, matched))
 
-    def gamma(self) -> float:
+    def gamma(self, capped: bool = True) -> float:
+        """The paper's estimate (capped at ``gamma_max``), or the plain measured one."""
         matched = sum(m for _, m in self._rounds)
         misses = sum(1 for s, m in self._rounds if m < s)
         if matched + misses == 0:
             return 0.0
-        return min(matched / (matched + misses), self.gamma_max)
+        measured = matched / (matched + misses)
+        return min(measured, self.gamma_max) if capped else measured
 
     def next_stride(self) -> int:
         if not self._steps or not self._verifications:
@@ -118,9 +126,11 @@ class StrideScheduler:
         """The next round: its stride (``stride`` fixed, or OS³'s over the real costs), or 0 for
         a sequential step when no stride is expected to keep steps faster than sequential steps
         do. Before a speculation step or verification is measured, a step is estimated as one
-        generation and a verification as one search, and γ as ``gamma_max``; γ returns to that
-        prior after ``window`` sequential steps, so one unlucky round does not rule speculation
-        out for the rest of the request where the costs favour it."""
+        generation and a verification as one search. With rounds measured lately, the round
+        pays at the measured γ or not at all; with none (a new request, or ``window``
+        sequential steps since), it is tried where even its best case (every step guessed)
+        would be ``EXPLORE_GAIN`` faster — so one unlucky round does not rule speculation out
+        for the rest of a request, and cheap retrieval never pays for a trial."""
         if not self._searches or not self._generations:
             return stride or self.next_stride()
         search = _mean(self._searches)
@@ -128,12 +138,16 @@ class StrideScheduler:
         a = _mean(self._steps) if self._steps else generation
         b = _mean(self._verifications) if self._verifications else search
         fresh = self._rounds and self._sequential_run < self.window
-        gamma = self.gamma() if fresh else self.gamma_max
         regeneration = generation if self.regenerates else 0.0
-        if stride is None:
-            stride = best_stride(a, b, gamma, self.asynchronous, self.max_stride, regeneration)
+        if stride is None:  # OS³'s choice, with the paper's cautious γ
+            stride = best_stride(a, b, self.gamma() if fresh else self.gamma_max, self.asynchronous,
+                                 self.max_stride, regeneration)
         sequential_rate = 1.0 / max(search + generation, 1e-12)
-        pays = speculation_rate(stride, a, b, gamma, self.asynchronous, regeneration) > sequential_rate
+        if fresh:
+            pays = speculation_rate(stride, a, b, self.gamma(capped=False), self.asynchronous,
+                                    regeneration) > sequential_rate
+        else:
+            pays = speculation_rate(stride, a, b, 1.0, self.asynchronous, regeneration) > EXPLORE_GAIN * sequential_rate
         self._sequential_run = 0 if pays else self._sequential_run + 1
         return stride if pays else 0
 

@@ -191,12 +191,29 @@ def test_plan_compares_speculation_with_a_sequential_step():
     # KNN-LM: no regeneration after a mismatch, so speculation pays earlier
     for regenerates, want in ((True, 0), (False, 3)):
         s = StrideScheduler(regenerates=regenerates)
-        s.record_search(0.15)
+        s.record_search(0.2)
         s.record_generation(0.1)
         for _ in range(5):
             s.record_step(0.1)
-            s.record_verification(0.15, stride=3, matched=2)
+            s.record_verification(0.2, stride=3, matched=1)
         assert s.plan(3) == want, regenerates
+
+
+def test_plan_decides_on_the_measured_gamma_and_tries_where_the_best_case_pays():
+    """A 3M-passage EDR setting (search 0.24 s, step 0.5 s): the prior γmax = 0.6 says a round
+    does not pay, so a new request tries one (its best case would be 1.27x); every round matched,
+    so it keeps speculating; after misses it stops, and tries again ``window`` steps later."""
+    s = StrideScheduler()
+    s.record_search(0.24)
+    s.record_generation(0.5)
+    assert s.plan(3) == 3  # a trial: nothing measured yet
+    s.record_step(0.5)
+    s.record_verification(0.3, stride=3, matched=3)
+    assert s.gamma() == 0.6 and s.gamma(capped=False) == 1.0
+    assert s.plan(3) == 3
+    for _ in range(5):
+        s.record_verification(0.3, stride=3, matched=0)
+    assert [s.plan(3) for _ in range(6)] == [0, 0, 0, 0, 0, 3]
 
 
 # -- exactness against the baseline -----------------------------------------------------------
