@@ -125,7 +125,7 @@ class PrefixKVCache:
                 past.update(torch.cat([seg[layer][0] for seg in found], dim=2),
                             torch.cat([seg[layer][1] for seg in found], dim=2), layer)
         device = next(model.parameters()).device
-        start = ends[len(found) - 1] if found else 0
+        reused = start = ends[len(found) - 1] if found else 0
         res = None
         for s in range(len(found), len(ends)):
             end = ends[s]
@@ -138,11 +138,10 @@ class PrefixKVCache:
                 self._store(keys[s], [(lay.keys[:, :, start:end].clone(), lay.values[:, :, start:end].clone())
                                       for lay in past.layers])
             start = end
-        computed = len(ids) - (ends[len(found) - 1] if found else 0)
         with self._lock:
             self.stats["prefills"] += 1
-            self.stats["reused_tokens"] += len(ids) - computed
-            self.stats["computed_tokens"] += computed
+            self.stats["reused_tokens"] += reused
+            self.stats["computed_tokens"] += len(ids) - reused
             self.stats["forwards"] += len(ends) - len(found)
         last_hidden = res.hidden_states[-1][0, -1] if hidden else None
         return past, res.logits[:, -1, :], last_hidden
