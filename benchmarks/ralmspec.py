@@ -214,9 +214,9 @@ def main() -> int:
     retrievers, served_by = {}, {}  # served_by: kind -> (scale index, its passages)
     scales = [Path(p) for p in args.scale_index.split(",")] if args.scale_index else []
     scale = scales[0] if scales else None
+    manifests = [(p, json.loads((p / "manifest.json").read_text())) for p in scales]
     for kind, index_kind in (("edr", "dense"), ("adr", "hnsw"), ("sr", "bm25"), ("lucene", "lucene")):
         if kind in kinds and scales:
-            manifests = [(p, json.loads((p / "manifest.json").read_text())) for p in scales]
             found = next(((p, m["passages"]) for p, m in manifests if index_kind in m["kinds"]), None)
             if found is None:
                 raise SystemExit(f"{kind}: no {index_kind!r} index in --scale-index {args.scale_index}")

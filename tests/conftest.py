@@ -183,18 +183,18 @@ def prefix_generator(generator):
     (blocks of 4 continuation tokens, RaLM's stride); each call gives it a fresh cache
     (``budget`` bytes), as a new worker would have."""
     from specrag.inference.local import LocalModelConfig
-    from specrag.inference.prefix_cache import PrefixKVCache
+    from specrag.inference.prefix_cache import BLOCK_TOKENS, PrefixKVCache
     impl = generator._impl
     clone = object.__new__(type(impl))
     clone.__dict__.update(impl.__dict__)
-    clone.config = LocalModelConfig(impl.config.model, prefix_cache_mb=64, prefix_block_tokens=4)
+    clone.config = LocalModelConfig(impl.config.model, prefix_cache_mb=64, prefix_block_tokens=BLOCK_TOKENS)
     clone.stats = dict(impl.stats)
     backend = object.__new__(type(generator))
     backend.__dict__.update(generator.__dict__)
     backend._impl = clone
 
     def fresh(budget: int = 64 << 20):
-        clone.prefix_cache = PrefixKVCache(4, budget)
+        clone.prefix_cache = PrefixKVCache(BLOCK_TOKENS, budget)
         return backend
     return fresh
 
