@@ -100,10 +100,9 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     anti-joined with the input by id in the validation's GroupById (no ids in the graph)."""
     out = job.output
     read = ReadParquetRows(job.queries, job.bad_files)
-    rows = p | "ReadQueries" >> read
     finished = p | "ReadFinished" >> ReadIds(finished_files, "id") if finished_files else None
     validator = functools.partial(validate_query, task_types=job.method.task_types)
-    valid, dead_rows = rows | "ValidateQueries" >> ValidateRows(validator, finished=finished)
+    valid, dead_rows = p | "ValidateQueries" >> ValidateRows(read, validator, finished=finished)
     keyed = (valid | "CountQueries" >> beam.Map(_count("queries_in"))
              | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
     dead = [dead_rows]

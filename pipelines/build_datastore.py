@@ -92,8 +92,7 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     progress = progress_dir(out)
     with watch_progress("build-datastore", out, count_rows(inputs), unit="passages"), \
             beam.Pipeline(options=pipeline_options(beam_args)) as p:
-        valid, dead = (p | "ReadCorpus" >> ReadParquetRows(corpus)
-                       | "ValidatePassages" >> ValidateRows(validate_passage))
+        valid, dead = p | "ValidatePassages" >> ValidateRows(ReadParquetRows(corpus), validate_passage)
         dead | "ProgressDead" >> CountProgress(progress, "dead") | "WriteDeadLetters" >> WriteToParquet(files.join(out, "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")
         (valid

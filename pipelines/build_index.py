@@ -67,9 +67,9 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     progress = progress_dir(index_dir)
     with watch_progress("build-index", index_dir, count_rows(inputs), unit="passages"), \
             beam.Pipeline(options=pipeline_options(beam_args)) as p:
-        rows = p | "ReadCorpus" >> ReadParquetRows(corpus)
         covered = p | "PrecomputedIds" >> ReadIds(precomputed) if precomputed else None
-        valid, dead = rows | "ValidatePassages" >> ValidateRows(validate_passage, marked=covered)
+        valid, dead = p | "ValidatePassages" >> ValidateRows(ReadParquetRows(corpus), validate_passage,
+                                                             marked=covered)
         dead = dead | "ProgressDead" >> CountProgress(progress, "dead")
         if not dense:  # the passages are the work
             valid = valid | "ProgressPassages" >> CountProgress(progress, "done")

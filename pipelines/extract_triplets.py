@@ -93,9 +93,8 @@ def _prepare_output(job: ExtractJob, identity: dict) -> list[str]:
 
 def build_extract_pipeline(p: beam.Pipeline, job: ExtractJob, finished_files: list[str] = ()) -> None:
     reader = ReadParquetRows(job.corpus, bad_files=job.bad_files)
-    rows = p | "ReadCorpus" >> reader
     finished = p | "ReadFinished" >> ReadIds(finished_files, "passage_id") if finished_files else None
-    valid, rejected = rows | "ValidatePassages" >> ValidateRows(validate_passage, finished=finished)
+    valid, rejected = p | "ValidatePassages" >> ValidateRows(reader, validate_passage, finished=finished)
     handler = TripletModelHandler(job.extractor, min_batch_size=min(16, job.batch_size), max_batch_size=job.batch_size)
     results = (valid
                | "ToPassages" >> beam.Map(to_passage)

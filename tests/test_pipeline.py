@@ -228,3 +228,27 @@ def test_resume_with_another_identity_is_refused_with_the_reason(tmp_path):
     again = run_answer(job(RuntimeConfig(models=()), resume=True))  # same identity: nothing left to do
     assert again["run_fingerprint"] == first["run_fingerprint"]
     assert again["resumed"] == {"attempt": 1, "skipped_finished": 3}
+
+
+def test_validation_judges_rows_by_position_in_two_passes(tmp_path):
+    """The duplicate check groups (id, position) only and judges re-read rows against the exceptions:
+    a later duplicate (across files) is a dead letter naming the first, an id answered earlier is
+    skipped, a marked id's first row carries the mark, an invalid row is one dead letter."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from specrag.schemas.validation import validate_passage
+    from specrag.transforms.parquet_io import ReadParquetRows
+    from specrag.transforms.validate import MARK_FIELD, ValidateRows
+    pq.write_table(pa.table({"id": ["a", "b", "c", "x"], "text": ["a1", "b1", "c1", ""]}), tmp_path / "p-0.parquet")
+    pq.write_table(pa.table({"id": ["a", "d", "b"], "text": ["a2", "d1", "b2"]}), tmp_path / "p-1.parquet")
+    read = ReadParquetRows(str(tmp_path / "p-*.parquet"))
+    first = str(tmp_path / "p-0.parquet")
+    with beam.Pipeline() as p:
+        valid, dead = p | ValidateRows(read, validate_passage, finished=p | "F" >> beam.Create(["c"]),
+                                       marked=p | "M" >> beam.Create(["b", "z"]))
+        assert_that(valid | beam.Map(lambda r: (r["id"], r["text"], bool(r.get(MARK_FIELD)))),
+                    equal_to([("a", "a1", False), ("b", "b1", True), ("d", "d1", False)]), label="Valid")
+        assert_that(dead | beam.Map(lambda d: (d["id"], d["message"])),
+                    equal_to([("a", f"duplicate id 'a' (first seen at {first}:0)"),
+                              ("b", f"duplicate id 'b' (first seen at {first}:1)"),
+                              ("x", "text: empty")]), label="Dead")

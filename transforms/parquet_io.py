@@ -3,7 +3,8 @@
 ``ReadParquetRows`` splits the input files into row groups (one element each, reshuffled
 so workers share them), and reads each group into dicts carrying ``_source`` =
 "file:row". The position gives duplicates a deterministic winner (the first row) and a
-dead letter a pointer back to its input. String columns are read as bytes so one row with
+dead letter a pointer back to its input; ``_order``, the same position as one int, is what
+validation's duplicate check groups, so it never holds whole rows. String columns are read as bytes so one row with
 invalid UTF-8 becomes one dead letter instead of an exception that kills the read. Files
 are found and opened through Beam's FileSystems (any scheme); every file's footer is read at
 start, so a corrupt file is an error naming it before the job runs — or, with
@@ -48,14 +49,17 @@ def _as_bytes(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def read_row_group(path: str, group: int) -> Iterator[dict]:
+ROW_BITS = 40  # a row's position is one int: file index << ROW_BITS | row
+
+
+def read_row_group(file_index: int, path: str, group: int) -> Iterator[dict]:
     pf = open_parquet(path)
     table = pf.read_row_group(group)
     table = table.cast(pa.schema([pa.field(f.name, _as_bytes(f.type)) for f in table.schema]))
     offset = sum(pf.metadata.row_group(g).num_rows for g in range(group))
     for i, row in enumerate(table.to_pylist()):
         row["_source"] = f"{path}:{offset + i}"
-        row["_order"] = (path, offset + i)
+        row["_order"] = (file_index << ROW_BITS) | (offset + i)  # sorts as (path, row): files are sorted
         yield row
 
 
@@ -76,11 +80,15 @@ class ReadParquetRows(beam.PTransform):
                                                                  "other files and record these as dead letters)")
 
     def expand(self, pbegin):
-        groups = [(f, g) for f, n in self.groups.items() for g in range(n)]
+        groups = [(i, f, g) for i, f in enumerate(self.files) if f in self.groups for g in range(self.groups[f])]
         return (pbegin
                 | "RowGroups" >> beam.Create(groups)
                 | "Spread" >> beam.Reshuffle()
                 | "Rows" >> beam.FlatMapTuple(read_row_group))
+
+    def source_of(self, order: int) -> str:
+        """The "file:row" of a row's ``_order``."""
+        return f"{self.files[order >> ROW_BITS]}:{order & ((1 << ROW_BITS) - 1)}"
 
     def dead_letters(self, pbegin):
         """One dead letter per unreadable input file."""
