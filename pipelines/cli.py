@@ -65,7 +65,7 @@ def cmd_build_index(args, flags) -> int:
     options.view_as(BuildIndexOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
     kinds = (corpus.kinds or "bm25").split(",")
-    embedder = runtime.models_by_role({"embedder": "all-minilm-l6-v2"})["embedder"]
+    embedder = runtime.models_by_role({"embedder": "all-minilm-l6-v2"}, ("embedder",), "build-index")["embedder"]
     shards = options.view_as(BuildIndexOptions).dense_shards
     dense_params = {k: {"shards": shards} for k in kinds if k in ("dense", "hnsw", "ivf")}
     config = runtime.runtime_config()
@@ -85,7 +85,8 @@ def cmd_build_datastore(args, flags) -> int:
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
     if runtime.backend != "local":
         raise ValueError("build-datastore reads hidden states of the model: it runs on the local backend")
-    model = runtime.models_by_role({"generator": "smollm2-135m-instruct"})["generator"]
+    model = runtime.models_by_role({"generator": "smollm2-135m-instruct"}, ("generator",),
+                                   "build-datastore")["generator"]
     manifest = run_build_datastore(corpus.corpus, runtime.datastore, model=model, max_tokens=job.max_tokens,
                                    max_entries=job.max_entries, kinds=tuple((corpus.kinds or "flat,hnsw").split(",")),
                                    num_threads=runtime.threads, dtype=runtime.dtype, beam_args=beam_args)
@@ -106,7 +107,7 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
     if method_name and a.method not in ("standard", method_name):  # standard: the flag's default
         raise ValueError(f"{command} runs method {method_name!r}; drop --method {a.method}")
     method = create_method(name, **parse_settings(name, a.set or []))
-    runtime = options.view_as(RuntimeOptions).runtime_config().with_roles(method.model_roles)
+    runtime = options.view_as(RuntimeOptions).runtime_config(method)
     return AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
                      num_shards=a.shards, beam_args=beam_args, resume=o.resume,
                      overwrite=o.overwrite, execution=a.execution,
@@ -191,7 +192,8 @@ def cmd_extract_triplets(args, flags) -> int:
     x, o = options.view_as(ExtractTripletsOptions), options.view_as(OutputOptions)
     x.validate()
     runtime = options.view_as(RuntimeOptions)
-    model = runtime.models_by_role({}).get("generator") if x.extractor == "generator" else None
+    roles = ("generator",) if x.extractor == "generator" else ()
+    model = runtime.models_by_role({}, roles, f"extract-triplets --extractor {x.extractor}").get("generator")
     config = ExtractorConfig(extractor=x.extractor, backend=runtime.backend, model=model, max_chars=x.max_chars,
                              resolve_title_pronouns=not x.keep_pronouns, max_new_tokens=x.max_new_tokens_triplets,
                              num_threads=runtime.threads, triton=runtime.runtime_config().triton)

@@ -74,26 +74,41 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "queue_timeout", type=float, default=3600.0,
               help="the most time queued behind other queries' calls that --stage-timeout leaves out")
 
-    def models_by_role(self, defaults: dict[str, str]) -> dict[str, str]:
+    def models_by_role(self, defaults: dict[str, str], roles: tuple[str, ...] | None = None,
+                       who: str = "this job") -> dict[str, str]:
+        """Models by role: ``defaults`` overridden by --model. With ``roles`` (the roles the job
+        or method has), a --model naming another role is an error, not silently unused."""
         models = dict(defaults)
         for spec in self.model or []:
             role, sep, name = spec.partition("=")
             if not sep or not role or not name:
                 raise ValueError(f"--model expects ROLE=NAME (e.g. generator=smollm2-135m-instruct), got {spec!r}")
+            if roles is not None and role not in roles:
+                raise ValueError(f"--model {spec}: {who} has no model role {role!r}; its roles: "
+                                 f"{', '.join(roles) or 'none'}")
             models[role] = name
         return models
 
-    def runtime_config(self):
-        """The RuntimeConfig these options describe (validated against a method by the job)."""
+    def roles_for(self, method) -> tuple[str, ...]:
+        """A method's model roles, with the embedder where the retriever embeds queries."""
+        from specrag.transforms.runtime import DENSE_RETRIEVERS
+        extra = ("embedder",) if (method.needs_retriever and self.retriever in DENSE_RETRIEVERS
+                                  and "embedder" not in method.model_roles) else ()
+        return tuple(method.model_roles) + extra
+
+    def runtime_config(self, method=None):
+        """The RuntimeConfig these options describe (validated against a method by the job);
+        with ``method``, only its roles, and a --model of another role is an error."""
         from specrag.inference.engine import EngineConfig
         from specrag.transforms.runtime import RuntimeConfig
-        models = self.models_by_role(dict(RuntimeConfig().models))
+        roles = self.roles_for(method) if method is not None else None
+        models = self.models_by_role(dict(RuntimeConfig().models), roles, f"method {getattr(method, 'name', '')!r}")
         triton = None
         if self.backend == "triton" or self.triton_url:
             from specrag.inference.triton import TritonConfig
             triton = TritonConfig(url=self.triton_url or TritonConfig().url, timeout_s=self.triton_timeout,
                                   retries=self.triton_retries)
-        return RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
+        config = RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
                              retriever=self.retriever, num_threads=self.threads, dtype=self.dtype,
                              engine=EngineConfig(max_batch=self.engine_batch, max_wait_s=self.engine_wait,
                                                  max_in_flight=self.max_in_flight,
@@ -102,6 +117,7 @@ class RuntimeOptions(PipelineOptions):
                              triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind,
                              triplets_dir=self.triplets, exact_scan=self.exact_scan,
                              prefix_cache_mb=self.prefix_cache_mb)
+        return config.with_roles(method.model_roles) if method is not None else config
 
 
 class OutputOptions(PipelineOptions):

@@ -28,7 +28,9 @@ A suite is YAML::
 Flags merge suite < dataset < method: a single-valued flag is replaced, a repeated one
 (``model``, ``set``) is appended to (for ``model`` the last role wins). Paths are relative to
 the suite file: queries, index, corpus, the ``datastore`` and ``triplets`` flags, and model
-folders (``model: [denoiser=../runs/denoiser]``, a value with a slash). Everything is checked when the suite loads, before any job runs.
+files and folders (``model: [denoiser=../runs/denoiser]``: a value starting with . / ~, or one
+that exists beside the suite; other ORG/NAME values are Hugging Face ids). Everything is
+checked when the suite loads, before any job runs.
 """
 from __future__ import annotations
 
@@ -292,11 +294,18 @@ def _check_flags(flags: Any, where: str, errors: list[str], resolve=lambda p: p)
     for key in PATH_FLAGS:
         if isinstance(out.get(key), str):
             out[key] = resolve(out[key])
-    if "model" in out:  # ROLE=FOLDER (a value with a slash) is a path; ROLE=NAME a registered model
+    if "model" in out:  # ROLE=PATH (a value that is a path) resolves; a name or hub id (ORG/NAME) stays
         out["model"] = [f"{v.split('=', 1)[0]}={resolve(v.split('=', 1)[1])}"
-                        if isinstance(v, str) and "=" in v and "/" in v.split("=", 1)[1] else v
+                        if isinstance(v, str) and "=" in v and _is_path(v.split("=", 1)[1], resolve) else v
                         for v in _as_list(out["model"])]
     return out
+
+
+def _is_path(value: str, resolve) -> bool:
+    """A model value that names a file or folder: explicitly relative or absolute, or existing
+    beside the suite; anything else with a slash is a Hugging Face id."""
+    from pathlib import Path
+    return value.startswith((".", "/", "~")) or ("/" in value and Path(resolve(value)).exists())
 
 
 def _as_list(value: Any) -> list:

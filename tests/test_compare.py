@@ -73,14 +73,15 @@ def test_a_dataset_headline_overrides_the_suites(tmp_path):
 
 def test_folder_flags_are_relative_to_the_suite_file(tmp_path):
     text = ("name: t\ndatasets:\n  - {name: d, queries: q.parquet, index: idx}\nmethods:\n"
-            "  - {label: a, method: knnlm, flags: {datastore: ../ds, model: [generator=gemma3-270m, embedder=e/m]}}\n")
+            "  - {label: a, method: knnlm, flags: {datastore: ../ds, model: [generator=gemma3-270m, embedder=./e/m, "
+            "scorer=org/name]}}\n")
     suite = load_suite(_suite(tmp_path, text))
     d = suite.datasets[0]
     assert (d.queries, d.index) == (str(tmp_path / "q.parquet"), str(tmp_path / "idx"))
     flags = suite.job_flags(d, suite.method("a"))
     assert flags[flags.index("--datastore") + 1] == str(tmp_path.parent / "ds")
     assert [flags[i + 1] for i, f in enumerate(flags) if f == "--model"] == [
-        "generator=gemma3-270m", f"embedder={tmp_path / 'e' / 'm'}"]
+        "generator=gemma3-270m", f"embedder={tmp_path / 'e' / 'm'}", "scorer=org/name"]  # a hub id stays
 
 
 def test_suite_mistakes_are_reported_together_before_any_job(tmp_path):

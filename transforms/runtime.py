@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from specrag import registry
 from specrag.inference.capabilities import EMBED, check_capabilities
 from specrag.inference.engine import EngineConfig, Services
-from specrag.inference.models import MODELS, trained_spec
+from specrag.inference.models import KIND_NAMES, model_spec
 from specrag.inference.triton import TritonConfig
 
 BACKENDS = tuple(registry.BACKENDS)
@@ -62,9 +62,10 @@ class RuntimeConfig:
         registry.BACKENDS.check(self.backend)
         models = dict(self.models)
         for role, name in models.items():
-            if name not in MODELS and trained_spec(name) is None:
-                raise ValueError(f"{role}: unknown model {name!r}; known: {', '.join(sorted(MODELS))}, or the "
-                                 "folder of a model specrag trained (e.g. `specrag train-utility`)")
+            try:
+                model_spec(name)
+            except ValueError as e:  # unknown, not cached, or of no kind specrag serves
+                raise ValueError(f"{role}: {e}") from None
         missing = [r for r in needs if r not in models]
         if missing:
             hints = "".join(f"; {r}: {TRAINED_ROLES[r]}" for r in missing if r in TRAINED_ROLES)
@@ -85,8 +86,8 @@ class RuntimeConfig:
             needs["embedder"] = tuple(dict.fromkeys(needs["embedder"] + (EMBED,)))
             models.setdefault("embedder", "all-minilm-l6-v2")
         backend = registry.BACKENDS[self.backend]
-        check_capabilities(method, needs, {role: (self.backend, models[role], backend.serves(models[role]))
-                                           for role in needs})
+        check_capabilities(method, needs, {role: (self.backend, f"{models[role]}, {KIND_NAMES[model_spec(models[role]).kind]},",
+                                                  backend.serves(models[role])) for role in needs})
         if self.backend == "triton":
             self._check_triton({role: (models[role], ops) for role, ops in needs.items()})
         if needs_datastore:

