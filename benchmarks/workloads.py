@@ -25,7 +25,8 @@ def specrag_cli(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "specrag.pipelines.cli", *args], env=env, capture_output=True,
                           text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"specrag {args[0]} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"specrag {args[0]} failed (exit status {proc.returncode}; negative: killed by that "
+                           f"signal):\n{proc.stderr[-4000:]}")
     print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"specrag {args[0]} done", flush=True)
     return proc.stdout
 

@@ -43,6 +43,16 @@ def _vector_row(kv) -> dict:
     return {"id": qid, "vector": prediction.inference.tolist()}
 
 
+def _write_sorted_by_id(table: pa.Table, path: Path, rows_per_group: int = 1 << 20) -> None:
+    """The passages sorted by id, taken and written a row group at a time: one ``sort_by`` take
+    puts every text into one array, whose 32-bit offsets overflow past 2 GB (5M passages)."""
+    import pyarrow.compute as pc
+    order = pc.sort_indices(table, sort_keys=[("id", "ascending")])
+    with pq.ParquetWriter(path, PASSAGES) as writer:
+        for start in range(0, max(len(order), 1), rows_per_group):
+            writer.write_table(table.take(order[start:start + rows_per_group]).cast(PASSAGES))
+
+
 def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str = "all-minilm-l6-v2",
                     num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
                     dense_params: dict[str, dict] | None = None, backend: str = "local",
@@ -73,11 +83,11 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
         dead = dead | "ProgressDead" >> CountProgress(progress, "dead")
         if not dense:  # the passages are the work
             valid = valid | "ProgressPassages" >> CountProgress(progress, "done")
-        if precomputed:
-            valid, to_embed = valid | "SplitPrecomputed" >> beam.Partition(
-                lambda r, _: 0 if r.get(MARK_FIELD) else 1, 2)
-            valid = ((valid | "ProgressPrecomputed" >> CountProgress(progress, "done"), to_embed)
-                     | "AllPassages" >> beam.Flatten())
+        if precomputed:  # two filters, not Partition + Flatten: a runner materialises a multi-input
+            # Flatten (the in-process runner holds all of it in memory: 15 GB at 5M passages)
+            to_embed = valid | "ToEmbed" >> beam.Filter(lambda r: not r.get(MARK_FIELD))
+            _ = (valid | "Precomputed" >> beam.Filter(lambda r: bool(r.get(MARK_FIELD)))
+                 | "ProgressPrecomputed" >> CountProgress(progress, "done"))
         else:
             to_embed = valid
         valid | "WritePassages" >> WriteToParquet(files.join(index_dir, "shards", "passages"), PASSAGES,
@@ -97,8 +107,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     try:
         # the document store: one file, rows sorted by id so every build orders alike
         shards = sorted(files.match_files(files.join(index_dir, "shards", "*.parquet")))
-        table = pa.concat_tables([files.read_parquet(f) for f in shards]).sort_by("id")
-        pq.write_table(table.cast(PASSAGES), stage / "passages.parquet")
+        _write_sorted_by_id(pa.concat_tables([files.read_parquet(f) for f in shards]), stage / "passages.parquet")
         if dense and not local:  # FAISS is built from local files
             for f in files.match_files(files.join(index_dir, "embeddings", "*.parquet")):
                 (stage / "embeddings").mkdir(exist_ok=True)

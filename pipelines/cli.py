@@ -77,6 +77,7 @@ def cmd_build_index(args, flags) -> int:
 
 
 def cmd_build_datastore(args, flags) -> int:
+    from specrag.inference.processor import resolve_dtype
     from specrag.pipelines.build_datastore import run_build_datastore
     from specrag.pipelines.options import BuildDatastoreOptions, CorpusOptions, RuntimeOptions
     options, beam_args = _job_options(flags)
@@ -89,7 +90,7 @@ def cmd_build_datastore(args, flags) -> int:
                                    "build-datastore")["generator"]
     manifest = run_build_datastore(corpus.corpus, runtime.datastore, model=model, max_tokens=job.max_tokens,
                                    max_entries=job.max_entries, kinds=tuple((corpus.kinds or "flat,hnsw").split(",")),
-                                   num_threads=runtime.threads, dtype=runtime.dtype, beam_args=beam_args)
+                                   num_threads=runtime.threads, dtype=resolve_dtype(runtime.dtype), beam_args=beam_args)
     print(json.dumps(manifest["datastore"], indent=2))
     return 0
 

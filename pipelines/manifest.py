@@ -26,16 +26,10 @@ def versions() -> dict[str, str]:
 def machine() -> dict[str, object]:
     """The processor a run's timings belong to: latencies compare only between runs on the same one."""
     import os
-    cpu, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            first = f.read().split("\n\n")[0].splitlines()  # the first processor's block
-        info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first if ":" in line)}
-        cpu, flags = info.get("model name", cpu), set(info.get("flags", "").split())
-    except OSError:
-        pass
-    # the matrix extensions decide bfloat16 speed on CPUs
-    return {"cpu": cpu, "cores": os.cpu_count(), "isa": sorted(flags & {"amx_bf16", "avx512_bf16", "avx512f", "avx2"})}
+    from specrag.inference.processor import REPORTED_FLAGS, cpu_model_and_flags
+    cpu, flags = cpu_model_and_flags()
+    # the matrix extensions decide bfloat16 (and int8) speed on CPUs
+    return {"cpu": cpu, "cores": os.cpu_count(), "isa": sorted(flags & REPORTED_FLAGS)}
 
 
 def write_manifest(out_dir: Path | str, content: dict, name: str = "manifest.json") -> dict:

@@ -63,7 +63,9 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "prefix_cache_mb", type=int, default=0,
               help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off); a "
                    "request that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
-        _flag(group, "dtype", default="float32", help="float32 | bfloat16 (faster on AMX CPUs, not bit-equal)")
+        _flag(group, "dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+              help="auto: bfloat16 where the CPU has AMX or AVX512-BF16 (native bf16 matmuls), else float32; "
+                   "bfloat16 elsewhere is emulated and slow (it warns); results are not bit-equal across dtypes")
         _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
         _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
         _flag(group, "max_in_flight", type=int, default=64,
@@ -100,6 +102,7 @@ class RuntimeOptions(PipelineOptions):
         """The RuntimeConfig these options describe (validated against a method by the job);
         with ``method``, only its roles, and a --model of another role is an error."""
         from specrag.inference.engine import EngineConfig
+        from specrag.inference.processor import resolve_dtype
         from specrag.transforms.runtime import RuntimeConfig
         roles = self.roles_for(method) if method is not None else None
         models = self.models_by_role(dict(RuntimeConfig().models), roles, f"method {getattr(method, 'name', '')!r}")
@@ -109,14 +112,15 @@ class RuntimeOptions(PipelineOptions):
             triton = TritonConfig(url=self.triton_url or TritonConfig().url, timeout_s=self.triton_timeout,
                                   retries=self.triton_retries)
         config = RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
-                             retriever=self.retriever, num_threads=self.threads, dtype=self.dtype,
-                             engine=EngineConfig(max_batch=self.engine_batch, max_wait_s=self.engine_wait,
-                                                 max_in_flight=self.max_in_flight,
-                                                 stage_timeout_s=self.stage_timeout,
-                                                 queue_timeout_s=self.queue_timeout),
-                             triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind,
-                             triplets_dir=self.triplets, exact_scan=self.exact_scan,
-                             prefix_cache_mb=self.prefix_cache_mb)
+                               retriever=self.retriever, num_threads=self.threads,
+                               dtype=resolve_dtype(self.dtype, self.backend),
+                               engine=EngineConfig(max_batch=self.engine_batch, max_wait_s=self.engine_wait,
+                                                   max_in_flight=self.max_in_flight,
+                                                   stage_timeout_s=self.stage_timeout,
+                                                   queue_timeout_s=self.queue_timeout),
+                               triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind,
+                               triplets_dir=self.triplets, exact_scan=self.exact_scan,
+                               prefix_cache_mb=self.prefix_cache_mb)
         return config.with_roles(method.model_roles) if method is not None else config
 
 

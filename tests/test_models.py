@@ -225,3 +225,24 @@ def test_the_verifier_sized_models_assemble_to_their_published_hashes():
     for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
         path = model_spec(name).locate()
         assert gguf_architecture(path) == "qwen2"
+
+
+def test_dtype_auto_picks_bfloat16_only_where_the_cpu_multiplies_it_natively(caplog, monkeypatch):
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from specrag.inference import processor
+    from specrag.inference.processor import resolve_dtype
+    from specrag.pipelines.options import RuntimeOptions
+    assert resolve_dtype("auto", flags=frozenset({"avx2", "avx512f"})) == "float32"
+    assert resolve_dtype("auto", flags=frozenset({"avx2", "amx_bf16"})) == "bfloat16"
+    assert resolve_dtype("auto", flags=frozenset({"avx512_bf16"})) == "bfloat16"
+    assert resolve_dtype("auto", "triton", frozenset({"amx_bf16"})) == "float32"  # the server's config decides
+    with caplog.at_level("WARNING"):
+        assert resolve_dtype("bfloat16", flags=frozenset({"avx2"})) == "bfloat16"
+        assert "emulates bfloat16" in caplog.text
+        caplog.clear()
+        assert resolve_dtype("bfloat16", flags=frozenset({"amx_bf16"})) == "bfloat16" and not caplog.text
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16"):
+        resolve_dtype("float16")
+    for flags, dtype in ((frozenset({"avx2"}), "float32"), (frozenset({"amx_bf16"}), "bfloat16")):
+        monkeypatch.setattr(processor, "cpu_model_and_flags", lambda flags=flags: ("fake CPU", flags))
+        assert PipelineOptions([]).view_as(RuntimeOptions).runtime_config().dtype == dtype  # --dtype auto: default

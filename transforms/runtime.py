@@ -42,7 +42,9 @@ class RuntimeConfig:
     index_dir: str | None = None
     retriever: str = "bm25"
     num_threads: int = 1
-    dtype: str = "float32"  # bfloat16: ~2x faster on AMX/AVX512-BF16 CPUs, not bit-equal to float32
+    # bfloat16: ~2x faster on AMX/AVX512-BF16 CPUs, not bit-equal to float32 (--dtype auto picks it
+    # there: inference/processor.py; this config holds the resolved choice)
+    dtype: str = "float32"
     engine: EngineConfig = field(default_factory=EngineConfig)
     triton: TritonConfig | None = None  # where the models are served when backend == "triton"
     datastore_dir: str | None = None  # KNN-LM datastore (`specrag build-datastore`)
@@ -73,7 +75,7 @@ class RuntimeConfig:
         if self.num_threads < 1:
             raise ValueError("num_threads must be >= 1")
         if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+            raise ValueError(f"dtype must be float32 or bfloat16 (auto is resolved by the options), got {self.dtype!r}")
         registry.RETRIEVERS.check(self.retriever)
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
