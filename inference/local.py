@@ -19,8 +19,9 @@ import numpy as np
 
 from specrag.inference.capabilities import DENOISE, EMBED, FUSED_DECODE, GENERATE, NEXT_TOKEN, RERANK, SCORE
 from specrag.inference.kv_cache import can_stack, stack_caches
-from specrag.inference.prefix_cache import BLOCK_TOKENS
 from specrag.inference.models import KIND_NAMES, materialise, model_spec
+from specrag.inference.prefix_cache import BLOCK_TOKENS
+from specrag.inference.processor import MODEL_DTYPES
 from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
                                      NextToken, NextTokenRequest, RerankRequest, ScoreRequest, Scored)
 
@@ -42,7 +43,7 @@ class LocalModelConfig:
     model: str
     num_threads: int = 1
     max_prompt_tokens: int = 4096
-    dtype: str = "float32"  # "bfloat16" is ~2x faster on CPUs with AMX/AVX512-BF16, not bit-equal
+    dtype: str = "float32"  # bfloat16 (AMX/AVX512-BF16 CPUs) and int8 are faster, not bit-equal
     device: str = "cpu"  # "cuda:N" when a Triton GPU instance serves the model
     # prefix KV reuse (inference/prefix_cache.py): MiB of KV segments kept per model and process;
     # 0 = off (one forward over each prompt). On, a prompt's continuation ids are prefilled in blocks.
@@ -50,10 +51,23 @@ class LocalModelConfig:
     prefix_block_tokens: int = BLOCK_TOKENS
 
     def torch_dtype(self):
+        """The dtype the weights load in (int8 loads float32, then quantises: ``quantise``)."""
         import torch
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        return getattr(torch, self.dtype)
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
+        return torch.float32 if self.dtype == "int8" else getattr(torch, self.dtype)
+
+    def quantise(self, model):
+        """int8: the linear layers' weights int8 per output channel, activations quantised per call
+        (PyTorch dynamic quantisation, fbgemm). Not bit-equal to float32, and a batched row's
+        activation scale depends on its batch."""
+        if self.dtype != "int8":
+            return model
+        if self.device != "cpu":
+            raise ValueError(f"dtype int8 (dynamic quantisation) runs on the CPU, not {self.device}")
+        import torch
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
 class LocalCausalLM:
@@ -71,7 +85,8 @@ class LocalCausalLM:
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = torch.device(config.device)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype()).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype())
+        self.model = config.quantise(model.eval()).to(self.device)
         self.instruct = spec.chat is not False and bool(self.tokenizer.chat_template)
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -518,7 +533,7 @@ class LocalEncoder:
         self.name = config.model
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = torch.device(config.device)
-        self.model = AutoModel.from_pretrained(path, dtype=config.torch_dtype()).to(self.device).eval()
+        self.model = config.quantise(AutoModel.from_pretrained(path, dtype=config.torch_dtype()).eval()).to(self.device)
         self.max_length = 256
         self._lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)

@@ -3,7 +3,9 @@
 bfloat16 halves the weights a CPU reads per token, but only CPUs with AMX or AVX512-BF16
 multiply it natively; elsewhere PyTorch emulates it (measured here, an AVX2 EPYC: ~10x slower
 than float32). So ``--dtype auto`` picks bfloat16 only on those CPUs, and an explicit
-bfloat16 without them warns.
+bfloat16 without them warns. int8 (dynamic quantisation of the linear layers) is the faster
+choice without them, offered but not picked by auto: its answers are not float32's
+(benchmarks/results/dtype.md measures both).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import platform
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("auto", "float32", "bfloat16")
+MODEL_DTYPES = ("float32", "bfloat16", "int8")  # int8: dynamic quantisation of the linear layers
+DTYPES = ("auto", *MODEL_DTYPES)
 NATIVE_BF16 = frozenset({"amx_bf16", "avx512_bf16"})
 REPORTED_FLAGS = frozenset({"amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f",
                             "avx_vnni", "avx2"})

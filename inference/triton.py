@@ -211,7 +211,7 @@ class TritonBackend:
         for attempt in (0, 1):
             served = self.served_models(refresh=attempt == 1)
             for name, info in sorted(served.items()):
-                if info["op"] == op and info["model"] == self.name and info["state"] == "READY":
+                if info["op"] == op and _same_model(info["model"], self.name) and info["state"] == "READY":
                     return name
         listing = "; ".join(f"{n} ({i['op'] or '?'}, {i['model'] or '?'}, {i['state']}"
                             f"{': ' + i['reason'] if i['reason'] else ''})" for n, i in sorted(served.items()))
@@ -317,6 +317,15 @@ class TritonBackend:
                                             f"{cfg.retries + 1} attempts: {_message(e)}") from e
                 await asyncio.sleep(cfg.backoff_s * 2 ** attempt)
         raise AssertionError("unreachable")
+
+
+def _same_model(served: str, asked: str) -> bool:
+    """The same spec, or the same file or folder however each side wrote its path."""
+    if served == asked:
+        return True
+    from pathlib import Path
+    return bool(served) and Path(asked).exists() and Path(served).exists() \
+        and Path(asked).resolve() == Path(served).resolve()
 
 
 def _parameters(cfg: Any) -> dict[str, str]:

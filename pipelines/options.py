@@ -63,9 +63,10 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "prefix_cache_mb", type=int, default=0,
               help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off); a "
                    "request that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
-        _flag(group, "dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+        _flag(group, "dtype", default="auto", choices=("auto", "float32", "bfloat16", "int8"),
               help="auto: bfloat16 where the CPU has AMX or AVX512-BF16 (native bf16 matmuls), else float32; "
-                   "bfloat16 elsewhere is emulated and slow (it warns); results are not bit-equal across dtypes")
+                   "bfloat16 elsewhere is emulated and slow (it warns); int8: dynamic int8 quantisation of the "
+                   "linear layers (CPU); results are not bit-equal across dtypes")
         _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
         _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
         _flag(group, "max_in_flight", type=int, default=64,

@@ -241,3 +241,28 @@ class StepMemo:
 def step_memo(generator):
     """A fresh StepMemo over the session's generator (call it for one per test)."""
     return lambda: StepMemo(generator)
+
+
+def tiny_llama_config(vocab_size: int = 49152):
+    """A 2-layer Llama of width 16 (SmolLM2's vocabulary size by default): loads in a second."""
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory) -> Path:
+    """A transformers folder of a tiny random Llama with SmolLM2's tokenizer (and chat template):
+    a user's own model, for the loading paths (--model ROLE=FOLDER, Triton repositories)."""
+    import shutil
+    import torch
+    from transformers import LlamaForCausalLM
+    from specrag.inference.models import materialise
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_llama_config()).save_pretrained(folder)
+    for f in materialise("smollm2-135m-instruct").iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy(f, folder / f.name)
+    return folder

@@ -12,37 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import tiny_llama_config
 from specrag.inference.models import materialise, model_identity, model_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-
-def _tokenizer_files(folder: Path) -> None:
-    source = materialise("smollm2-135m-instruct")
-    for f in source.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
-            shutil.copy(f, folder / f.name)
-
-
 VOCAB = 512
 
 
-def _tiny_llama_config(vocab_size: int = 49152):
-    from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
-
-
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    import torch
-    from transformers import LlamaForCausalLM
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    LlamaForCausalLM(_tiny_llama_config()).save_pretrained(folder)
-    _tokenizer_files(folder)
-    return folder
+def tiny_folder(tiny_llama_folder) -> Path:
+    return tiny_llama_folder
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +32,7 @@ def tiny_gguf(tmp_path_factory) -> Path:
     from specrag.inference.models import _smollm2_gguf
     reader = gguf.GGUFReader(str(_smollm2_gguf()))
     path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
-    c = _tiny_llama_config(VOCAB)
+    c = tiny_llama_config(VOCAB)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)

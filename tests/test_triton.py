@@ -157,6 +157,24 @@ def test_denoiser_template_matches_the_protocol(tmp_path):
     assert "DenoiseModel" in (repo / "denoiser" / "1" / "model.py").read_text()
 
 
+def test_a_repository_is_generated_for_the_models_a_run_names(tmp_path):
+    """One Triton model per operation of each named model, from its operation's template, unless
+    the repository already serves that (operation, model)."""
+    repo = launch.with_models(REPO / "model_repo", ["gemma3-270m", "all-minilm-l6-v2"], tmp_path / "repo",
+                              kinds={"gemma3-270m": "causal-lm", "all-minilm-l6-v2": "encoder"})
+    made = sorted(p.name for p in repo.iterdir() if not p.is_symlink())
+    assert [n.rsplit("-", 1)[0] for n in made] == ["fused_decode-gemma3-270m", "generate-gemma3-270m"]
+    assert {("score", "gemma3-270m"), ("generate", "gemma3-270m"), ("embed", "all-minilm-l6-v2")} \
+        <= launch.served_pairs(repo)  # the scorer and the embedder were there already
+    text = (repo / made[1] / "config.pbtxt").read_text()
+    assert f'name: "{made[1]}"' in text and 'string_value: "gemma3-270m"' in text
+    head, tail = text.split("output [")
+    as_triton = lambda pairs: [(n, "BYTES" if t == "STRING" else t) for n, t in pairs]  # noqa: E731
+    assert as_triton(re.findall(r'name: "(\w+)" data_type: TYPE_(\w+)', head)) == list(OPS["generate"].inputs)
+    with pytest.raises(launch.TritonStartError, match="kind 'masked-lm'; Triton serves"):
+        launch.with_models(REPO / "model_repo", ["x"], tmp_path / "repo2", kinds={"x": "masked-lm"})
+
+
 def test_denoise_protocol_round_trip():
     from specrag.inference.triton_protocol import decode_requests, decode_results, encode_requests, encode_results
     from specrag.inference.types import Denoised, DenoiseRequest
@@ -449,5 +467,25 @@ def test_denoiser_served_by_triton_equals_local(tmp_path):
             assert s.argmax == e.argmax and (s.context_tokens, s.truncated_tokens) == (e.context_tokens, e.truncated_tokens)
             np.testing.assert_allclose(s.confidence, e.confidence, atol=1e-5)
         assert expected[1].truncated_tokens > 0 and expected[1].argmax[0] == 2000
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_model_named_by_path_is_served_from_a_generated_repository_as_locally(tmp_path, tiny_llama_folder):
+    """`launch.py serve --model FOLDER`: a user's transformers folder, its kind read by specrag in
+    the server's venv, served for generate/score/fused_decode; greedy tokens equal local ones."""
+    from specrag.inference.types import GenerateRequest
+    from specrag.transforms.runtime import load_backend
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    repo = launch.with_models(empty, [str(tiny_llama_folder)], tmp_path / "repo")
+    assert sorted(p.name.split("-")[0] for p in repo.iterdir()) == ["fused_decode", "generate", "score"]
+    server = _start(tmp_path, repo)
+    try:
+        requests = [GenerateRequest("Who wrote Hamlet?", max_new_tokens=6), GenerateRequest("Name a river.", 4)]
+        served = _backend(server, str(tiny_llama_folder)).generate(requests)
+        local = load_backend("local", str(tiny_llama_folder), 1).generate(requests)
+        assert [g.token_ids for g in served] == [g.token_ids for g in local]
     finally:
         server.stop()

@@ -17,6 +17,7 @@ from specrag import registry
 from specrag.inference.capabilities import EMBED, check_capabilities
 from specrag.inference.engine import EngineConfig, Services
 from specrag.inference.models import KIND_NAMES, model_spec
+from specrag.inference.processor import MODEL_DTYPES
 from specrag.inference.triton import TritonConfig
 
 BACKENDS = tuple(registry.BACKENDS)
@@ -74,8 +75,9 @@ class RuntimeConfig:
             raise ValueError(f"{method} needs model role(s) {missing}; configured: {sorted(models)}{hints}")
         if self.num_threads < 1:
             raise ValueError("num_threads must be >= 1")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16 (auto is resolved by the options), got {self.dtype!r}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)} (auto is resolved by the options), "
+                             f"got {self.dtype!r}")
         registry.RETRIEVERS.check(self.retriever)
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")

@@ -261,6 +261,71 @@ def with_trained_models(model_repo: Path, trained: dict[str, Path], out_dir: Pat
     return out_dir
 
 
+# what a Triton model of each specrag model kind serves, and the config each op's model is made from
+KIND_OPS = {"causal-lm": ("generate", "score", "fused_decode"), "encoder": ("embed",),
+            "cross-encoder": ("rerank",), "masked-diffusion": ("denoise",)}
+OP_TEMPLATES = {"generate": MODEL_REPO / "generator", "score": MODEL_REPO / "scorer",
+                "fused_decode": MODEL_REPO / "fused_decoder", "embed": MODEL_REPO / "embedder",
+                "rerank": TEMPLATES / "utility", "denoise": TEMPLATES / "denoiser"}
+
+
+def model_kind(spec: str, venv: Path | None = None) -> str:
+    """A --model SPEC's kind, read by specrag in the server's venv (this file stays stdlib-only)."""
+    python = (venv or default_venv()) / "bin" / "python"
+    code = "import sys; from specrag.inference.models import model_spec; print(model_spec(sys.argv[1]).kind)"
+    out = subprocess.run([str(python if python.exists() else sys.executable), "-c", code, spec],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise TritonStartError(f"model {spec!r}: {(out.stderr.strip().splitlines() or ['unreadable'])[-1]}")
+    return out.stdout.strip()
+
+
+def served_pairs(repo: Path) -> set[tuple[str, str]]:
+    """(specrag_op, specrag_model) of every model config in a repository."""
+    import re
+    pairs = set()
+    for config in Path(repo).glob("*/config.pbtxt"):
+        text = config.read_text()
+        values = dict(re.findall(r'key: "(specrag_op|specrag_model)" value: \{ string_value: "([^"]*)" \}', text))
+        if len(values) == 2:
+            pairs.add((values["specrag_op"], values["specrag_model"]))
+    return pairs
+
+
+def with_models(model_repo: Path, specs: list[str], out_dir: Path, kinds: dict[str, str] | None = None,
+                venv: Path | None = None) -> Path:
+    """A repository serving ``model_repo``'s models plus one Triton model per operation of each
+    model a run names (``--model ROLE=SPEC``: a registered name, a folder, a GGUF file, a cached
+    hub id), each made from its operation's template with ``specrag_model`` set to the spec (a
+    path made absolute: clients' paths are compared resolved)."""
+    import re
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for model in sorted(Path(model_repo).iterdir()):
+        if model.is_dir() and not (out_dir / model.name).exists():
+            (out_dir / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    served = served_pairs(out_dir)
+    for spec in specs:
+        spec = str(Path(spec).resolve()) if Path(spec).exists() else spec
+        kind = (kinds or {}).get(spec) or model_kind(spec, venv)
+        if kind not in KIND_OPS:
+            raise TritonStartError(f"model {spec!r} is of kind {kind!r}; Triton serves {', '.join(KIND_OPS)}")
+        for op in KIND_OPS[kind]:
+            if (op, spec) in served:
+                continue
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(spec).name)[:48]
+            name = f"{op}-{slug}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
+            target = out_dir / name
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(OP_TEMPLATES[op], target, ignore=shutil.ignore_patterns("__pycache__"))
+            config = target / "config.pbtxt"
+            text = re.sub(r'^name: "[^"]*"', f'name: "{name}"', config.read_text(), flags=re.M)
+            text = re.sub(r'(key: "specrag_model" value: \{ string_value: )"[^"]*"', lambda m: f'{m.group(1)}"{spec}"',
+                          text)
+            config.write_text(text)
+            served.add((op, spec))
+    return out_dir
+
+
 def with_utility_model(model_repo: Path, utility_folder: Path, out_dir: Path) -> Path:
     """``model_repo`` plus AED-RAG's trained utility predictor (see ``with_trained_models``)."""
     return with_trained_models(model_repo, {"utility": utility_folder}, out_dir)
@@ -280,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also serve AED-RAG's utility predictor from this `specrag train-utility` folder")
     ap.add_argument("--denoiser-model", type=Path, default=None,
                     help="also serve SARDI's denoiser from this `specrag train-denoiser` folder")
+    ap.add_argument("--model", action="append", default=[], metavar="SPEC",
+                    help="also serve this model (a registered name, a transformers folder, a GGUF file or a "
+                         "cached hub id), one Triton model per operation its kind serves; repeatable")
     ap.add_argument("--verbose", action="store_true")
     args, extra = ap.parse_known_args(argv)
     venv = install(args.venv, quiet=not args.verbose)
@@ -289,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
         args.model_repo = with_trained_models(args.model_repo, trained,
                                               Path(tempfile.mkdtemp(prefix="specrag-model-repo-")))
+    if args.model:
+        import tempfile
+        args.model_repo = with_models(args.model_repo, args.model, Path(tempfile.mkdtemp(prefix="specrag-model-repo-")),
+                                      venv=venv)
     if args.command == "install":
         print(f"Triton server venv ready: {venv}")
         return 0
