@@ -21,6 +21,7 @@ next. The suite's paths name the folders made here, so ``--work`` must stay ``ru
     python benchmarks/compare_full.py --methods "RaLMSpec,SPS"         # these and their baselines
     python benchmarks/compare_full.py --methods SARDI --prepare-only
     python benchmarks/compare_full.py --report-only                    # report the runs made so far
+    python benchmarks/compare_full.py --suite benchmarks/suites/verifier.yaml   # the 1.5B verifier regime
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import aed  # noqa: E402
 import sardi  # noqa: E402
+import verifier_regime  # noqa: E402
 from workloads import REPO, imported_data, machine_line, markdown_table, pooled_index, publish  # noqa: E402
 from workloads import specrag_cli as specrag  # noqa: E402
 
@@ -43,7 +45,6 @@ from specrag.pipelines.suite import load_suite  # noqa: E402
 SUITE = REPO / "benchmarks" / "suites" / "full.yaml"
 UTILITY_TRAIN, UTILITY_TOP_K = 300, 5  # benchmarks/aed.py's recorded run (results/aed.md)
 RESULTS = "benchmarks/results/compare_full.md"
-RUNS = "benchmarks/results/compare-full/runs"
 # claim-line keys: (method, baseline) pairs whose answers must be identical, and paper comparisons
 EXACT = {"ralmspec_same": ("RaLMSpec", "RaLMSeq"), "knnlm_spec_same": ("KNN-LM (RaLMSpec)", "KNN-LM")}
 SPEEDUPS = {"ralmspec_speedup": ("RaLMSpec", "RaLMSeq"), "knnlm_spec_speedup": ("KNN-LM (RaLMSpec)", "KNN-LM"),
@@ -62,7 +63,7 @@ def needs(methods) -> set[str]:
     return out
 
 
-def prepare(data_dir: str, work: Path, datastore_entries: int, wanted: set[str]) -> dict:
+def prepare(data_dir: str, work: Path, datastore_entries: int, wanted: set[str], suite_file: Path = SUITE) -> dict:
     started = time.time()
     data = imported_data(work, data_dir)
     out = {"index": pooled_index(work, data)}
@@ -74,7 +75,7 @@ def prepare(data_dir: str, work: Path, datastore_entries: int, wanted: set[str])
     if "datastore" in wanted:
         datastore = out["datastore"] = work / "datastore"
         if not (datastore / "manifest.json").exists():  # keys from the model in the dtype the suite runs it in
-            dtype = load_suite(SUITE).flags.get("dtype", "float32")
+            dtype = load_suite(suite_file).flags.get("dtype", "float32")
             specrag("build-datastore", "--corpus", str(data / "pooled_corpus.parquet"),
                     "--datastore", str(datastore), "--max-entries", str(datastore_entries), "--dtype", dtype,
                     "--overwrite")
@@ -84,11 +85,15 @@ def prepare(data_dir: str, work: Path, datastore_entries: int, wanted: set[str])
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default=str(SUITE.relative_to(REPO)),
+                    help="a suite over runs/full's resources: full.yaml, or verifier.yaml (summarised by "
+                         "benchmarks/verifier_regime.py)")
     ap.add_argument("--data-dir", default=os.environ.get("SPECRAG_DATA", "../shared/data"))
     ap.add_argument("--work", default="runs/full", help="where the suite's resources live")
-    ap.add_argument("--runs-dir", default=RUNS, help="where the answer jobs write (versioned: resumable anywhere)")
+    ap.add_argument("--runs-dir", default=None, help="where the answer jobs write (versioned: resumable anywhere; "
+                                                     "default benchmarks/results/compare-<suite>/runs)")
     ap.add_argument("--datastore-entries", type=int, default=200_000)
-    ap.add_argument("--report-dir", default="benchmarks/results/compare-full")
+    ap.add_argument("--report-dir", default=None, help="default benchmarks/results/compare-<suite>")
     ap.add_argument("--methods", default="", help="comma-separated method labels (their baselines too)")
     ap.add_argument("--datasets", default="", help="comma-separated dataset names")
     ap.add_argument("--prepare-only", action="store_true")
@@ -96,26 +101,31 @@ def main() -> None:
                     "whole suite, the results file) from the runs already in --runs-dir")
     ap.add_argument("--summarise-only", action="store_true", help="rewrite the results file from the report")
     args = ap.parse_args()
+    suite_file = (REPO / args.suite).resolve()
+    name = load_suite(suite_file).name
+    args.report_dir = args.report_dir or f"benchmarks/results/compare-{name}"
+    args.runs_dir = args.runs_dir or f"{args.report_dir}/runs"
+    summary = {"full": summarise, "verifier": verifier_regime.summarise}.get(name)
     if args.summarise_only:
-        return summarise(Path(args.report_dir) / "compare.json", args.report_dir)
+        return summary(Path(args.report_dir) / "compare.json", args.report_dir)
     work = Path(args.work)
     if work.resolve() != (REPO / "runs" / "full").resolve():
         raise SystemExit("the suite's paths name runs/full: run from the repository root with --work runs/full")
     split = lambda v: tuple(x.strip() for x in v.split(",") if x.strip())  # noqa: E731
-    suite = load_suite(SUITE).narrowed(0, split(args.methods), split(args.datasets))  # fails early on a typo
+    suite = load_suite(suite_file).narrowed(0, split(args.methods), split(args.datasets))  # fails early on a typo
     if not args.report_only:
-        prepare(args.data_dir, work, args.datastore_entries, needs(suite.methods))
+        prepare(args.data_dir, work, args.datastore_entries, needs(suite.methods), suite_file)
     if args.prepare_only:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "specrag.pipelines.cli", "compare", "--suite", str(SUITE),
+    cmd = [sys.executable, "-m", "specrag.pipelines.cli", "compare", "--suite", str(suite_file),
            "--workdir", str(work / "compare"), "--runs-dir", args.runs_dir, "--report-dir", args.report_dir,
            *(["--methods", args.methods] if args.methods else []),
            *(["--datasets", args.datasets] if args.datasets else []), *(["--report-only"] if args.report_only else [])]
     print(" ".join(cmd), flush=True)
     code = subprocess.run(cmd, env=env).returncode
-    if not (args.methods or args.datasets):  # the whole suite: record the summary
-        summarise(Path(args.report_dir) / "compare.json", args.report_dir)
+    if summary and not (args.methods or args.datasets):  # the whole suite: record the summary
+        summary(Path(args.report_dir) / "compare.json", args.report_dir)
     raise SystemExit(code)
 
 

@@ -44,9 +44,12 @@ def _vector_row(kv) -> dict:
 
 
 def _write_sorted_by_id(table: pa.Table, path: Path, rows_per_group: int = 1 << 20) -> None:
-    """The passages sorted by id, taken and written a row group at a time: one ``sort_by`` take
-    puts every text into one array, whose 32-bit offsets overflow past 2 GB (5M passages)."""
+    """The passages sorted by id, written a row group at a time. A take over chunked strings
+    concatenates their chunks into one array, whose 32-bit offsets overflow past 2 GB of text
+    (5M passages): the take runs on 64-bit offsets, each row group is cast back."""
     import pyarrow.compute as pc
+    table = table.cast(pa.schema([pa.field(f.name, pa.large_string() if pa.types.is_string(f.type) else f.type)
+                                  for f in table.schema]))
     order = pc.sort_indices(table, sort_keys=[("id", "ascending")])
     with pq.ParquetWriter(path, PASSAGES) as writer:
         for start in range(0, max(len(order), 1), rows_per_group):
