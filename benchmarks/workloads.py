@@ -225,19 +225,14 @@ def by_label(summary: list[dict], label: str) -> dict:
 
 
 def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    from specrag.inference.processor import cpu_model_and_flags
+    return cpu_model_and_flags()[0]
 
 
 def cpu_flags() -> list[str]:
     """The processor flags that decide kernel speed here: AVX2, AVX-512 BF16/VNNI, AMX."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return sorted(f for f in line.split(":", 1)[1].split()
-                          if f.startswith(("amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")))
-    return []
+    from specrag.inference.processor import REPORTED_FLAGS, cpu_model_and_flags
+    return sorted(cpu_model_and_flags()[1] & REPORTED_FLAGS)
 
 
 def machine_line(threads: int) -> str:
