@@ -86,8 +86,8 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
         dead = dead | "ProgressDead" >> CountProgress(progress, "dead")
         if not dense:  # the passages are the work
             valid = valid | "ProgressPassages" >> CountProgress(progress, "done")
-        if precomputed:  # two filters, not Partition + Flatten: a runner materialises a multi-input
-            # Flatten (the in-process runner holds all of it in memory: 15 GB at 5M passages)
+        if precomputed:  # two filters, not Partition + Flatten: the in-process runner executes a
+            # multi-input Flatten itself, holding all its input (5M passages: 18.8 GB peak, 8.2 GB without)
             to_embed = valid | "ToEmbed" >> beam.Filter(lambda r: not r.get(MARK_FIELD))
             _ = (valid | "Precomputed" >> beam.Filter(lambda r: bool(r.get(MARK_FIELD)))
                  | "ProgressPrecomputed" >> CountProgress(progress, "done"))
