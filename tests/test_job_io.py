@@ -193,3 +193,33 @@ def test_a_killed_run_is_completed_by_resume_without_redoing_finished_work(demo_
     whole = {r["id"]: r["answer"] for r in _read(tmp_path / "whole", "results")}
     assert len(resumed) == len({r["id"] for r in resumed}) == n  # each id once
     assert {r["id"]: r["answer"] for r in resumed} == whole
+
+
+def test_secret_options_are_redacted_in_manifests_and_runner_spellings_are_read_from_the_options(tmp_path):
+    """Beam's S3/GCS credentials travel as options; no manifest (nor the report, which embeds
+    manifests) writes them. The runner is read as Beam parses it, in every spelling."""
+    from apache_beam.options.pipeline_options import PortableOptions
+    from specrag.pipelines.options import is_portable_runner, pipeline_options
+    from specrag.redaction import REDACTED, redact
+    assert redact(["--s3_secret_access_key=hunter2", "--s3_access_key_id", "AKID", "--s3_region_name=eu-1",
+                   "--gcp-oauth-token", "tok", "--keys=3"]) == [
+        f"--s3_secret_access_key={REDACTED}", "--s3_access_key_id", REDACTED, "--s3_region_name=eu-1",
+        "--gcp-oauth-token", REDACTED, "--keys=3"]
+    assert redact({"api_token": "x", "password": "", "prompt_tokens": 7, "nested": [{"db_password": "p"}]}) == \
+        {"api_token": REDACTED, "password": "", "prompt_tokens": 7, "nested": [{"db_password": REDACTED}]}
+    pq.write_table(pa.table({"id": ["q1", "q2"], "question": ["Who wrote Hamlet?", "What is H2O?"]}),
+                   tmp_path / "q.parquet")
+    method = create_method("no-retrieval", max_new_tokens=4)
+    secrets = ("--s3_secret_access_key=hunter2", "--s3_access_key_id", "AKIDEXAMPLE")
+    run_answer(AnswerJob(str(tmp_path / "q.parquet"), str(tmp_path / "out"), method,
+                         RuntimeConfig().with_roles(method.model_roles),
+                         beam_args=("--runner=FnApiRunner", *secrets, "--s3_region_name=eu-1")))
+    text = (tmp_path / "out" / "manifest.json").read_text()
+    assert "hunter2" not in text and "AKIDEXAMPLE" not in text and "eu-1" in text
+    assert json.loads(text)["beam_args"][1] == f"--s3_secret_access_key={REDACTED}"
+    for spelling in (["--runner=PortableRunner"], ["--runner", "portable"], ["--runner=flink"], ["--runner=prism"],
+                     ["--runner=apache_beam.runners.portability.portable_runner.PortableRunner"]):
+        options = pipeline_options(spelling)
+        assert is_portable_runner(options) and options.view_as(PortableOptions).job_server_timeout > 300, spelling
+    assert pipeline_options(["--runner=flink", "--job-server-timeout", "30"]).view_as(PortableOptions).job_server_timeout == 30
+    assert not is_portable_runner(pipeline_options(["--runner=FnApiRunner"]))
