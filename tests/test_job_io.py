@@ -223,3 +223,16 @@ def test_secret_options_are_redacted_in_manifests_and_runner_spellings_are_read_
         assert is_portable_runner(options) and options.view_as(PortableOptions).job_server_timeout > 300, spelling
     assert pipeline_options(["--runner=flink", "--job-server-timeout", "30"]).view_as(PortableOptions).job_server_timeout == 30
     assert not is_portable_runner(pipeline_options(["--runner=FnApiRunner"]))
+
+
+def test_a_filesystem_that_cannot_be_used_is_an_error_with_its_cause_not_an_empty_match(tmp_path, capsys):
+    from apache_beam.io.filesystems import FileSystems
+    from specrag.transforms.files import match_files
+    assert match_files(str(tmp_path / "missing" / "*.parquet")) == []  # nothing there: empty
+    FileSystems.set_options(None)
+    # without boto3: "Missing boto3 requirement"; with it but no options: "Must provide one of client or options"
+    with pytest.raises(OSError, match=r"cannot list s3://b/q.parquet: \w+: (Missing boto3|Must provide one of)"):
+        match_files("s3://b/q.parquet")
+    assert main(["answer", "--queries", "s3://b/q.parquet", "--output", str(tmp_path / "out"),
+                 "--method", "no-retrieval"]) == 2
+    assert "cannot list s3://b/q.parquet" in capsys.readouterr().err

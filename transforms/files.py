@@ -31,12 +31,29 @@ def is_local(path: str) -> bool:
     return FileSystems.get_scheme(str(path)) in (None, "file")
 
 
+_NOT_FOUND = ("not found", "nosuchkey", "nosuchbucket", "no such file", "404")
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The innermost exception of a BeamIOError (they nest one per filesystem call)."""
+    while isinstance(error, BeamIOError) and error.exception_details:
+        error = next(iter(error.exception_details.values()))
+    return error
+
+
 def match_files(pattern: str) -> list[str]:
-    """Sorted paths matching a glob (empty when nothing matches or the folder is missing)."""
+    """Sorted paths matching a glob (empty when nothing matches or the folder is missing); a
+    filesystem that cannot be reached or used (credentials, options, a missing client library)
+    is an OSError with its cause, never an empty match."""
     try:
         result = FileSystems.match([str(pattern)])[0]
-    except BeamIOError:
-        return []
+    except BeamIOError as e:
+        cause = _root_cause(e)
+        if isinstance(cause, FileNotFoundError) or any(w in str(cause).lower() for w in _NOT_FOUND):
+            return []
+        raise OSError(f"cannot list {pattern}: {type(cause).__name__}: {cause}") from e
+    except ValueError as e:  # no filesystem for the scheme (e.g. gs:// without apache-beam[gcp])
+        raise OSError(f"cannot list {pattern}: {e}") from e
     return sorted(m.path for m in result.metadata_list)
 
 
