@@ -1,7 +1,8 @@
 """`specrag answer`: queries.parquet → the method's stages → results + dead letters + manifest.
 
-The Beam graph spells out the method: ReadQueries → ValidateQueries (keyed by id: the
-shuffle that spreads queries over workers) → one fused ParDo per segment of stages, named
+The Beam graph spells out the method: ValidateQueries (reads the queries twice: ids and
+positions keyed by id, then the rows) → SpreadQueries (the shuffle that spreads queries over
+workers) → one fused ParDo per segment of stages, named
 after them (``Retrieve+Generate``; a keyed GatherParts before a segment that re-joins
 fanned-out parts, e.g. ``Retrieve+SampleSubsets+Draft+Verify`` → GatherParts → ``Select``)
 → WriteResults, with every rejected row or failed query flattened into WriteDeadLetters.
@@ -103,6 +104,9 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     finished = p | "ReadFinished" >> ReadIds(finished_files, "id") if finished_files else None
     validator = functools.partial(validate_query, task_types=job.method.task_types)
     valid, dead_rows = p | "ValidateQueries" >> ValidateRows(read, validator, finished=finished)
+    # spread the queries over the workers: validation reads them a row group at a time, and a
+    # small input is one row group (one worker would answer all of it)
+    valid = valid | "SpreadQueries" >> beam.Reshuffle()
     keyed = (valid | "CountQueries" >> beam.Map(_count("queries_in"))
              | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
     dead = [dead_rows]

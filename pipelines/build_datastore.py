@@ -98,6 +98,7 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
         (valid
          | "ProgressPassages" >> CountProgress(progress, "done")  # one by one into the fused batching stage
          | "NeededPassages" >> beam.Filter(lambda p, ids: ids is None or p["id"] in ids, needed)
+         | "SpreadPassages" >> beam.Reshuffle()  # over the workers: a corpus may be one row group
          | "BatchPassages" >> beam.BatchElements(min_batch_size=8, max_batch_size=32)
          | "ContextStates" >> beam.ParDo(ContextStates(model, num_threads, max_tokens, dtype))
          | "WriteEntries" >> WriteToParquet(files.join(out, "entries", "part"), ENTRIES, file_name_suffix=".parquet"))

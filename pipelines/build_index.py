@@ -100,6 +100,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
         if dense:
             (to_embed
              | "TextById" >> beam.Map(lambda r: (r["id"], passage_text(r["title"], r["text"])))
+             | "SpreadTexts" >> beam.Reshuffle()  # over the workers: a corpus may be one row group
              | "Embed" >> RunInference(KeyedModelHandler(handler))
              | "ProgressEmbedded" >> CountProgress(progress, "done")
              | "ToVectorRows" >> beam.Map(_vector_row)

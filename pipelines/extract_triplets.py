@@ -95,6 +95,7 @@ def build_extract_pipeline(p: beam.Pipeline, job: ExtractJob, finished_files: li
     reader = ReadParquetRows(job.corpus, bad_files=job.bad_files)
     finished = p | "ReadFinished" >> ReadIds(finished_files, "passage_id") if finished_files else None
     valid, rejected = p | "ValidatePassages" >> ValidateRows(reader, validate_passage, finished=finished)
+    valid = valid | "SpreadPassages" >> beam.Reshuffle()  # over the workers: a corpus may be one row group
     handler = TripletModelHandler(job.extractor, min_batch_size=min(16, job.batch_size), max_batch_size=job.batch_size)
     results = (valid
                | "ToPassages" >> beam.Map(to_passage)
