@@ -89,7 +89,7 @@ def summarise(report_json: Path, report_dir: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--report-dir", default="benchmarks/results/compare-verifier")
+    ap.add_argument("--report-dir", default=str(REPO / "benchmarks" / "results" / "compare-verifier"))
     args = ap.parse_args()
     summarise(Path(args.report_dir) / "compare.json", args.report_dir)
 
