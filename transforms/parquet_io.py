@@ -18,7 +18,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from specrag.transforms.files import UnreadableInput, match_files, open_parquet, sha256_of
-from specrag.transforms.records import DEAD, dead_letter
+from specrag.transforms.records import dead_letter
 
 BAD_FILES = ("fail", "dead-letter")
 

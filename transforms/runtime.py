@@ -10,7 +10,6 @@ import dataclasses
 import json
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from specrag import registry
