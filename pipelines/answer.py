@@ -24,7 +24,7 @@ from specrag.methods.base import Method, QueryState
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
 from specrag.pipelines.manifest import identity_differences, job_counters, write_manifest
-from specrag.pipelines.options import pipeline_options
+from specrag.pipelines.options import new_pipeline
 from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.sinks import WriteParquetShards
@@ -201,7 +201,7 @@ def run_answer(job: AnswerJob) -> dict:
     delete(stale)
     job.method.warn_departures()
     started = time.time()
-    p = beam.Pipeline(options=pipeline_options(job.beam_args))
+    p = new_pipeline(job.beam_args)
     build_answer_pipeline(p, job, done, attempt, fingerprint)
     total = count_rows(expand_inputs(job.queries))
     if total is not None and done:

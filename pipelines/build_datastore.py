@@ -20,7 +20,7 @@ import pyarrow as pa
 from apache_beam.io.parquetio import WriteToParquet
 
 from specrag.pipelines.manifest import write_manifest
-from specrag.pipelines.options import pipeline_options
+from specrag.pipelines.options import new_pipeline
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.datastore import KINDS, write_datastore
 from specrag.schemas.tables import DEAD_LETTERS
@@ -91,7 +91,7 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     needed = passages_for_entries(inputs, model, max_tokens, max_entries) if max_entries is not None else None
     progress = progress_dir(out)
     with watch_progress("build-datastore", out, count_rows(inputs), unit="passages"), \
-            beam.Pipeline(options=pipeline_options(beam_args)) as p:
+            new_pipeline(beam_args) as p:
         valid, dead = p | "ValidatePassages" >> ValidateRows(ReadParquetRows(corpus), validate_passage)
         dead | "ProgressDead" >> CountProgress(progress, "dead") | "WriteDeadLetters" >> WriteToParquet(files.join(out, "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")

@@ -24,7 +24,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
 from specrag.inference.triton import TritonConfig
 from specrag.pipelines.manifest import write_manifest
-from specrag.pipelines.options import pipeline_options
+from specrag.pipelines.options import new_pipeline
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGES
@@ -79,7 +79,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     started = time.time()
     progress = progress_dir(index_dir)
     with watch_progress("build-index", index_dir, count_rows(inputs), unit="passages"), \
-            beam.Pipeline(options=pipeline_options(beam_args)) as p:
+            new_pipeline(beam_args) as p:
         covered = p | "PrecomputedIds" >> ReadIds(precomputed) if precomputed else None
         valid, dead = p | "ValidatePassages" >> ValidateRows(ReadParquetRows(corpus), validate_passage,
                                                              marked=covered)

@@ -41,7 +41,8 @@ def _beam_args(flags: list[str]) -> tuple[str, ...]:
                          "(see `specrag COMMAND --help`; Beam options are listed in its PipelineOptions)")
     if not any(a.startswith("--runner") for a in flags):
         flags = ["--runner=FnApiRunner", *flags]
-    return tuple(flags)
+    from specrag.pipelines.options import worker_visible_paths
+    return tuple(worker_visible_paths(flags))
 
 
 def _job_options(flags: list[str]):
@@ -378,12 +379,16 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _filesystem_options(flags: list[str]) -> None:
+def _filesystem_options(flags: list[str], paths: list[str]) -> None:
     """Beam's filesystems get the command's options (S3 endpoint and credentials, GCP project)
-    before any path is touched: paths are checked on the launcher before a pipeline exists."""
+    before any path is touched: paths are checked on the launcher before a pipeline exists.
+    The S3 buckets among the command's paths are checked once, fast."""
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
-    FileSystems.set_options(PipelineOptions(list(flags)))
+    from specrag.transforms.files import check_buckets
+    options = PipelineOptions(list(flags))
+    FileSystems.set_options(options)
+    check_buckets(paths, options)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
                                                                cmd_extract_triplets, cmd_label_utility) else extra
     try:
-        _filesystem_options(flags)
+        _filesystem_options(flags, [a.split("=", 1)[-1] for a in argv])
         return args.fn(args, flags)
     except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"specrag {args.command}: error: {e}", file=sys.stderr)

@@ -17,7 +17,7 @@ import apache_beam as beam
 from apache_beam.ml.inference.base import RunInference
 
 from specrag.pipelines.manifest import identity_differences, job_counters, write_manifest
-from specrag.pipelines.options import pipeline_options
+from specrag.pipelines.options import new_pipeline
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_passage
 from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
@@ -128,7 +128,7 @@ def run_extract_triplets(job: ExtractJob) -> dict:
     identity = {"job": "extract-triplets", **job.extractor.identity()}
     finished = _prepare_output(job, identity)
     started = time.time()
-    p = beam.Pipeline(options=pipeline_options(job.beam_args))
+    p = new_pipeline(job.beam_args)
     build_extract_pipeline(p, job, finished)
     total = count_rows(expand_inputs(job.corpus))
     if total is not None and finished:
@@ -170,5 +170,7 @@ def _fingerprint(identity: dict, corpus: str) -> str:
     """Which extractor over which corpus: AED-RAG's runs name the triplet sets they read."""
     import hashlib
     files = dataset_fingerprint(expand_inputs(corpus))
-    return hashlib.sha256(json.dumps([identity, sorted(v["sha256"] for v in files.values())],
+    # a local corpus by its sha256 (as every earlier set), a remote one by its store's checksum
+    content = sorted(v.get("sha256") or f"{v['checksum']}:{v['size']}" for v in files.values())
+    return hashlib.sha256(json.dumps([identity, content],
                                      sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -272,6 +272,88 @@ def pipeline_options(beam_args: tuple[str, ...] | list[str]) -> PipelineOptions:
     return options
 
 
+# Flags whose values are files or folders the workers read or write.
+PATH_FLAGS = frozenset({"queries", "output", "index", "datastore", "triplets", "corpus", "embeddings"})
+
+
+def _flag_name(token: str) -> str:
+    return token[2:].split("=", 1)[0].replace("-", "_")
+
+
+def worker_visible_paths(flags: list[str]) -> list[str]:
+    """The job's flags with every relative local path made absolute, and a local path refused
+    where no worker can read it.
+
+    A worker of a portable runner (Flink, an EXTERNAL worker pool) runs in another folder, so a
+    relative path names another file there or none; Dataflow's workers see no local file at all.
+    Model specs (``--model ROLE=SPEC``) that are local folders or files are made absolute too."""
+    from apache_beam.options.pipeline_options import StandardOptions
+    runner = (PipelineOptions(list(flags)).view_as(StandardOptions).runner or "").lower()
+    remote_only = "dataflow" in runner
+    out, pending = [], None
+    for token in flags:
+        name = pending
+        pending = None
+        if name is None and token.startswith("--"):
+            flag = _flag_name(token)
+            if flag in PATH_FLAGS or flag == "model":
+                if "=" not in token:
+                    pending = flag
+                else:
+                    value = token.split("=", 1)[1]
+                    out.append(token[:len(token) - len(value)] + _visible(flag, value, remote_only))
+                    continue
+            out.append(token)
+            continue
+        out.append(_visible(name, token, remote_only) if name else token)
+    return out
+
+
+def _visible(flag: str, value: str, remote_only: bool) -> str:
+    from specrag.transforms.files import is_local
+    if flag == "model":  # ROLE=SPEC: only a spec that is a local file or folder is a path
+        role, _, spec = value.partition("=")
+        return f"{role}={os.path.abspath(spec)}" if spec and not os.path.isabs(spec) and os.path.exists(spec) \
+            else value
+    if not value or not is_local(value):
+        return value
+    if remote_only:
+        raise ValueError(f"--{flag.replace('_', '-')} {value} is a local path, which Dataflow's workers cannot "
+                         "read or write: give a gs:// (or other shared filesystem) path")
+    return os.path.abspath(value)
+
+
+def _is_fn_api_runner(options: PipelineOptions) -> bool:
+    from apache_beam.options.pipeline_options import StandardOptions
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.runners.runner import create_runner
+    name = options.view_as(StandardOptions).runner
+    try:
+        return bool(name) and isinstance(create_runner(name), FnApiRunner)
+    except (ValueError, ImportError, AttributeError):
+        return False
+
+
+def new_pipeline(beam_args: tuple[str, ...] | list[str]):
+    """A job's ``beam.Pipeline`` whose workers, in every process, get the job's options.
+
+    An explicitly named FnApiRunner hands its worker processes
+    (``--direct_running_mode=multi_processing``) no options, so their filesystems have no S3
+    endpoint or credentials; Beam's DirectRunner provisions them as below, and so does every
+    runner with its own workers (Dataflow, Flink/Portable through the job's provision info)."""
+    import apache_beam as beam
+    options = pipeline_options(beam_args)
+    if not _is_fn_api_runner(options):
+        return beam.Pipeline(options=options)
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    provision = ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return beam.Pipeline(runner=FnApiRunner(provision_info=provision), options=options)
+
+
 JOB_OPTIONS = {
     "answer": (AnswerOptions, OutputOptions, RuntimeOptions),
     "extract-triplets": (ExtractTripletsOptions, CorpusOptions, OutputOptions, RuntimeOptions),

@@ -1,12 +1,9 @@
 """Job I/O through Beam's FileSystems (a test scheme stands in for gs:// and s3://), corrupt
-inputs, strict options, and a run killed with SIGKILL that --resume completes."""
+inputs and strict options; a run killed with SIGKILL that --resume completes is in
+test_object_store.py (on S3, against an uninterrupted local run)."""
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
+import socket
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -166,35 +163,6 @@ def test_job_options_are_beam_pipeline_options_that_travel_with_the_job():
     assert travelled.view_as(RuntimeOptions).runtime_config() == config
 
 
-@pytest.mark.slow
-def test_a_killed_run_is_completed_by_resume_without_redoing_finished_work(demo_tables, demo_index, tmp_path):
-    cli = [sys.executable, "-m", "specrag.pipelines.cli", "answer", "--queries", str(demo_tables[0]),
-           "--index", str(demo_index), "--method", "standard", "--set", "top_k=3", "--set", "max_new_tokens=12",
-           "--shard-rows", "2", "--max-in-flight", "2"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECRAG_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(cli + ["--output", str(killed)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while time.time() < deadline and len(list(killed.glob("results-000-*.parquet"))) < 3:
-        assert proc.poll() is None, "the run ended before it could be killed"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = _read(killed, "results-000")
-    n = pq.read_metadata(demo_tables[0]).num_rows
-    assert 6 <= len(before) < n and not (killed / "manifest.json").exists()
-
-    subprocess.run(cli + ["--output", str(killed), "--resume"], env=env, check=True, capture_output=True)
-    manifest = json.loads((killed / "manifest.json").read_text())
-    assert manifest["resumed"]["skipped_finished"] == len(before)  # finished work was not redone
-    subprocess.run(cli + ["--output", str(tmp_path / "whole")], env=env, check=True, capture_output=True)
-    resumed = _read(killed, "results")
-    whole = {r["id"]: r["answer"] for r in _read(tmp_path / "whole", "results")}
-    assert len(resumed) == len({r["id"] for r in resumed}) == n  # each id once
-    assert {r["id"]: r["answer"] for r in resumed} == whole
-
-
 def test_secret_options_are_redacted_in_manifests_and_runner_spellings_are_read_from_the_options(tmp_path):
     """Beam's S3/GCS credentials travel as options; no manifest (nor the report, which embeds
     manifests) writes them. The runner is read as Beam parses it, in every spelling."""
@@ -225,14 +193,55 @@ def test_secret_options_are_redacted_in_manifests_and_runner_spellings_are_read_
     assert not is_portable_runner(pipeline_options(["--runner=FnApiRunner"]))
 
 
-def test_a_filesystem_that_cannot_be_used_is_an_error_with_its_cause_not_an_empty_match(tmp_path, capsys):
+def test_a_filesystem_that_cannot_be_used_is_an_error_with_its_cause_not_an_empty_match(tmp_path, capsys,
+                                                                                       monkeypatch):
     from apache_beam.io.filesystems import FileSystems
     from specrag.transforms.files import match_files
     assert match_files(str(tmp_path / "missing" / "*.parquet")) == []  # nothing there: empty
-    FileSystems.set_options(None)
+    from apache_beam.options.value_provider import RuntimeValueProvider
+    FileSystems.set_options(None)  # and no options an earlier job of this process left behind
+    monkeypatch.setattr(RuntimeValueProvider, "runtime_options", None)
     # without boto3: "Missing boto3 requirement"; with it but no options: "Must provide one of client or options"
     with pytest.raises(OSError, match=r"cannot list s3://b/q.parquet: \w+: (Missing boto3|Must provide one of)"):
         match_files("s3://b/q.parquet")
-    assert main(["answer", "--queries", "s3://b/q.parquet", "--output", str(tmp_path / "out"),
-                 "--method", "no-retrieval"]) == 2
-    assert "cannot list s3://b/q.parquet" in capsys.readouterr().err
+    # the launcher checks a command's buckets once, without Beam's minutes of retries
+    for env in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    answer = ["answer", "--queries", "s3://b/q.parquet", "--output", str(tmp_path / "out"), "--method", "no-retrieval",
+              "--s3_region_name=us-east-1"]
+    assert main(answer) == 2
+    assert "no S3 credentials for bucket 'b': pass --s3_access_key_id" in capsys.readouterr().err
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    assert main(answer + [f"--s3_endpoint_url=http://127.0.0.1:{closed}", "--s3_access_key_id=a",
+                          "--s3_secret_access_key=b"]) == 2
+    assert "cannot reach S3 for bucket 'b': Could not connect" in capsys.readouterr().err
+
+
+def test_flex_template_parameters_become_one_answer_command():
+    """Dataflow hands a Flex Template one value per parameter; the entry point turns them into the
+    `specrag answer` flags (repeatable ones from lists), and every parameter is an answer option."""
+    import importlib.util
+    from pathlib import Path
+    from specrag.pipelines.options import AnswerOptions, OutputOptions, RuntimeOptions
+    folder = Path(__file__).resolve().parents[1] / "deploy" / "beam" / "flex_template"
+    spec = importlib.util.spec_from_file_location("flex_main", folder / "main.py")
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    assert entry.answer_argv(["--queries=gs://b/q/*.parquet", "--output=gs://b/out", "--settings=top_k=10, max_new_tokens=64",
+                              "--models=generator=gemma3-270m", "--resume=true", "--overwrite=false"]) == [
+        "answer", "--queries=gs://b/q/*.parquet", "--output=gs://b/out", "--set=top_k=10", "--set=max_new_tokens=64",
+        "--model=generator=gemma3-270m", "--resume", "--runner=DataflowRunner"]
+    with pytest.raises(SystemExit, match="--resume takes true or false"):
+        entry.answer_argv(["--resume=yes"])
+    import argparse
+    parser = argparse.ArgumentParser()
+    for cls in (AnswerOptions, OutputOptions, RuntimeOptions):
+        cls._add_argparse_args(parser)  # noqa: SLF001
+    known = {a.dest for a in parser._actions}  # noqa: SLF001
+    parameters = json.loads((folder / "metadata.json").read_text())["parameters"]
+    assert {p["name"] for p in parameters} - {"settings", "models"} <= known

@@ -1,11 +1,15 @@
 """The same `specrag answer` job on three runner set-ups gives the same results, and each
 worker process loads its models once: the FnApiRunner with one worker, with two worker
 processes, and the PortableRunner against a Beam job service (the Job API that Flink's and
-Spark's job servers speak), LOOPBACK environment."""
+Spark's job servers speak), LOOPBACK environment; and specrag installed from its sdist in a
+worker pool of its own (EXTERNAL environment), the stand-in here for Flink's and Dataflow's workers."""
+import json
+import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +20,7 @@ from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.transforms.runtime import RuntimeConfig
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
@@ -81,8 +86,9 @@ def test_same_results_on_every_runner_and_one_model_load_per_process(method_name
     pq.write_table(pa.Table.from_batches(queries.to_batches(max_chunksize=4)), path, row_group_size=4)
     method = create_method(method_name, **settings)
     runtime = RuntimeConfig(index_dir=str(index)).with_roles(method.model_roles)
-    runners = dict(RUNNERS, portable=["--runner=PortableRunner", f"--job_endpoint={job_service}",
-                                      "--environment_type=LOOPBACK"])
+    runners = dict(RUNNERS)
+    if method_name == "standard" or data != "demo":  # the job service's path does not depend on the method
+        runners["portable"] = ["--runner=PortableRunner", f"--job_endpoint={job_service}", "--environment_type=LOOPBACK"]
     answers, manifests = {}, {}
     for name, args in runners.items():
         out = tmp_path / name
@@ -94,7 +100,7 @@ def test_same_results_on_every_runner_and_one_model_load_per_process(method_name
     ids = set(queries.column("id").to_pylist())
     assert set(answers["fnapi-1"]) == ids
     assert answers["fnapi-2-processes"] == answers["fnapi-1"]
-    assert answers["portable"] == answers["fnapi-1"]
+    assert answers.get("portable", answers["fnapi-1"]) == answers["fnapi-1"]
     n_models = len(runtime.models)
     for name, manifest in manifests.items():
         counters = manifest["counters"]
@@ -103,3 +109,77 @@ def test_same_results_on_every_runner_and_one_model_load_per_process(method_name
         # or per DoFn instance (a process that ran no query of this job loads nothing)
         assert 1 <= counters["engines_started"] <= (2 if name == "fnapi-2-processes" else 1), (name, counters)
         assert counters["models_loaded"] <= counters["engines_started"] * n_models, (name, counters)
+
+
+@pytest.fixture(scope="module")
+def sdist_worker_pool(tmp_path_factory):
+    """A Beam worker pool (EXTERNAL environment) running specrag installed from its sdist into
+    a new virtual environment, started in a folder of its own: what a Flink task manager's or a
+    Dataflow worker's Python sees. The environment has no specrag but the sdist's; the packages
+    specrag depends on (torch, Beam, the model packages) come from this environment's
+    site-packages through a path file, since the machine installs nothing from the network."""
+    import site
+    import sysconfig
+    root = tmp_path_factory.mktemp("worker")
+    dist, venv, folder = root / "dist", root / "venv", root / "elsewhere"
+    folder.mkdir()
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(dist), str(REPO)],
+                   check=True, capture_output=True, cwd=root)
+    [sdist] = dist.glob("specrag-*.tar.gz")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    ours = {sysconfig.get_paths()["purelib"], *site.getsitepackages()}
+    (purelib / "specrag_dependencies.pth").write_text("\n".join(sorted(ours)) + "\n")  # no .pth of ours runs
+    # the sdist becomes a wheel as pip would make it (with this environment's setuptools: the new
+    # one's bundled setuptools has no bdist_wheel), and only that wheel goes into the new one
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--wheel-dir", str(dist), str(sdist)], check=True, capture_output=True, cwd=root)
+    [wheel] = dist.glob("specrag-*.whl")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
+                   check=True, capture_output=True, cwd=folder)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
+    where = subprocess.run([str(python), "-c", "import specrag.pipelines as p; print(p.__file__)"], check=True,
+                           capture_output=True, text=True, cwd=folder, env=env).stdout.strip()
+    assert where.startswith(str(purelib)), where  # the sdist's specrag, not the checkout's
+    port = _free_port()
+    # the pool starts each worker as `python -c ...` from PATH: the new environment's
+    pool = subprocess.Popen([str(python), "-m", "apache_beam.runners.worker.worker_pool_main",
+                             f"--service_port={port}"], cwd=folder, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert pool.poll() is None and time.time() < deadline, "the worker pool did not start"
+        time.sleep(0.2)
+    yield f"localhost:{port}"
+    pool.terminate()
+    pool.wait(timeout=30)
+
+
+def test_an_sdist_worker_pool_in_another_folder_answers_like_the_fnapi_runner(sdist_worker_pool, job_service,
+                                                                             demo_tables, demo_index, tmp_path,
+                                                                             monkeypatch):
+    """`specrag answer` through the PortableRunner and a local job service onto EXTERNAL workers
+    that share neither the launcher's folder nor its Python: relative paths given on the
+    launcher reach them made absolute, and the answers equal the FnApiRunner's."""
+    from specrag.pipelines.cli import main
+    monkeypatch.chdir(tmp_path)
+    queries = pq.read_table(demo_tables[0]).slice(0, 8)
+    pq.write_table(pa.Table.from_batches(queries.to_batches(max_chunksize=4)), "queries.parquet", row_group_size=4)
+    os.symlink(demo_index, "index")
+    answer = ["answer", "--queries", "queries.parquet", "--index", "index", "--method", "standard",
+              "--set", "top_k=3", "--set", "max_new_tokens=16"]
+    assert main([*answer, "--output", "fnapi"]) == 0
+    assert main([*answer, "--output", "external", "--runner=PortableRunner", f"--job_endpoint={job_service}",
+                 "--environment_type=EXTERNAL", f"--environment_config={sdist_worker_pool}"]) == 0
+    rows = {name: {r["id"]: (r["answer"], r["raw_output"])
+                   for r in pq.read_table(sorted((tmp_path / name).glob("results-*.parquet"))).to_pylist()}
+            for name in ("fnapi", "external")}
+    assert len(rows["fnapi"]) == 8 and rows["external"] == rows["fnapi"]
+    manifest = json.loads((tmp_path / "external" / "manifest.json").read_text())
+    assert manifest["counters"]["answered"] == 8 and str(tmp_path / "queries.parquet") in manifest["inputs"]

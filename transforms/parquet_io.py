@@ -17,7 +17,7 @@ from typing import Iterator
 import apache_beam as beam
 import pyarrow as pa
 
-from specrag.transforms.files import UnreadableInput, match_files, open_parquet, sha256_of
+from specrag.transforms.files import UnreadableInput, content_identity, match_files, open_parquet
 from specrag.transforms.records import dead_letter
 
 BAD_FILES = ("fail", "dead-letter")
@@ -97,12 +97,13 @@ class ReadParquetRows(beam.PTransform):
 
 
 def dataset_fingerprint(files: list[str]) -> dict:
-    """Size, row count and a content hash per input file, for the run manifest."""
+    """Row count (the Parquet footer) and content identity per input file, for the run manifest
+    (``files.content_identity``: a hash of local files, the store's checksum of remote ones)."""
     out = {}
     for f in files:
         try:
             rows = open_parquet(f).metadata.num_rows
         except UnreadableInput as e:
             rows = f"unreadable: {e}"
-        out[f] = {"sha256": sha256_of(f), "rows": rows}
+        out[f] = {**content_identity(f), "rows": rows}
     return out
