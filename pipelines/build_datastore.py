@@ -2,13 +2,15 @@
 
 The Beam job validates passages and runs the generator over them on the workers (teacher
 forcing, each text alone), writing (passage id, position, key, value) shards. The
-datastore is then assembled in corpus order — passages by id, positions ascending — so an
-entry's successors are the contexts that followed it, and indexed (exact and HNSW L2).
+datastore is then assembled by one worker in a last stage of the job (`DatastoreFinish`), in
+corpus order — passages by id, positions ascending — so an entry's successors are the contexts
+that followed it, and indexed (exact and HNSW L2).
 Every read and write goes through FileSystems: a datastore on gs:// or s3:// is built in a
 local staging folder and published there, manifest last.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -78,6 +80,39 @@ def passages_for_entries(inputs: list[str], model: str, max_tokens: int, max_ent
     return keep
 
 
+class DatastoreFinish:
+    """The datastore (keys in corpus order, FAISS indexes) from the job's entry shards, built by one
+    worker in a last stage of the job, never on the launcher: a remote folder is built in a local
+    staging folder and published."""
+
+    def __init__(self, out: str, model: str, kinds: tuple[str, ...], max_entries: int | None, inputs: list[str],
+                 max_tokens: int, dtype: str):
+        self.out, self.model, self.kinds, self.max_entries = out, model, kinds, max_entries
+        self.inputs, self.max_tokens, self.dtype = inputs, max_tokens, dtype
+
+    def __call__(self) -> None:
+        out = self.out
+        shards = sorted(files.match_files(files.join(out, "entries", "*.parquet")))
+        table = pa.concat_tables([files.read_parquet(f) for f in shards])
+        table = table.sort_by([("passage", "ascending"), ("position", "ascending")])
+        if self.max_entries is not None:
+            table = table.slice(0, self.max_entries)
+        keys = np.asarray(table.column("key").combine_chunks().flatten().to_numpy(zero_copy_only=False),
+                          dtype=np.float32).reshape(table.num_rows, -1)
+        values = table.column("value").to_numpy()
+        local = files.is_local(out)
+        stage = Path(out) if local else Path(tempfile.mkdtemp(prefix="specrag-datastore-"))
+        try:
+            write_datastore(keys, values, stage, self.model, self.kinds, {
+                "corpus": dataset_fingerprint(self.inputs), "max_tokens": self.max_tokens, "dtype": self.dtype,
+                "passages": len(set(table.column("passage").to_pylist()))})
+            if not local:
+                files.publish(stage, out)
+        finally:
+            if not local:
+                shutil.rmtree(stage, ignore_errors=True)
+
+
 def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m-instruct", max_tokens: int = 128,
                         max_entries: int | None = None, kinds: tuple[str, ...] = KINDS, num_threads: int = 1,
                         dtype: str = "float32", beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)) -> dict:
@@ -95,31 +130,17 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
         valid, dead = p | "ValidatePassages" >> ValidateRows(ReadParquetRows(corpus), validate_passage)
         dead | "ProgressDead" >> CountProgress(progress, "dead") | "WriteDeadLetters" >> WriteToParquet(files.join(out, "dead_letters"), DEAD_LETTERS,
                                                     file_name_suffix=".parquet")
-        (valid
-         | "ProgressPassages" >> CountProgress(progress, "done")  # one by one into the fused batching stage
-         | "NeededPassages" >> beam.Filter(lambda p, ids: ids is None or p["id"] in ids, needed)
-         | "SpreadPassages" >> beam.Reshuffle()  # over the workers: a corpus may be one row group
-         | "BatchPassages" >> beam.BatchElements(min_batch_size=8, max_batch_size=32)
-         | "ContextStates" >> beam.ParDo(ContextStates(model, num_threads, max_tokens, dtype))
-         | "WriteEntries" >> WriteToParquet(files.join(out, "entries", "part"), ENTRIES, file_name_suffix=".parquet"))
-    shards = sorted(files.match_files(files.join(out, "entries", "*.parquet")))
-    table = pa.concat_tables([files.read_parquet(f) for f in shards])
-    table = table.sort_by([("passage", "ascending"), ("position", "ascending")])
-    if max_entries is not None:
-        table = table.slice(0, max_entries)
-    keys = np.asarray(table.column("key").combine_chunks().flatten().to_numpy(zero_copy_only=False),
-                      dtype=np.float32).reshape(table.num_rows, -1)
-    values = table.column("value").to_numpy()
-    local = files.is_local(out)
-    stage = Path(out) if local else Path(tempfile.mkdtemp(prefix="specrag-datastore-"))
-    try:
-        manifest = write_datastore(keys, values, stage, model, kinds, {
-            "corpus": dataset_fingerprint(inputs), "max_tokens": max_tokens, "dtype": dtype,
-            "passages": len(set(table.column("passage").to_pylist()))})
-        if not local:
-            files.publish(stage, out)
-    finally:
-        if not local:
-            shutil.rmtree(stage, ignore_errors=True)
+        entries = (valid
+                   | "ProgressPassages" >> CountProgress(progress, "done")  # one by one into the fused batching stage
+                   | "NeededPassages" >> beam.Filter(lambda p, ids: ids is None or p["id"] in ids, needed)
+                   | "SpreadPassages" >> beam.Reshuffle()  # over the workers: a corpus may be one row group
+                   | "BatchPassages" >> beam.BatchElements(min_batch_size=8, max_batch_size=32)
+                   | "ContextStates" >> beam.ParDo(ContextStates(model, num_threads, max_tokens, dtype))
+                   | "WriteEntries" >> WriteToParquet(files.join(out, "entries", "part"), ENTRIES,
+                                                      file_name_suffix=".parquet"))
+        finish = DatastoreFinish(out, model, kinds, max_entries, inputs, max_tokens, dtype)
+        _ = (p | "Once" >> beam.Create([None])
+             | "FinishDatastore" >> beam.Map(lambda _, done: finish(), beam.pvalue.AsList(entries)))
+    manifest = json.loads(files.read_text(files.join(out, "manifest.json")))
     return write_manifest(out, {"job": "build-datastore", "datastore": manifest, "beam_args": list(beam_args),
                                 "wall_s": round(time.time() - started, 3)}, name="job_manifest.json")
