@@ -244,12 +244,16 @@ def test_report_renders_tables_front_and_plot_offline():
 
 @pytest.mark.slow
 def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
-    """Two real answer jobs (Beam, SmolLM2) on six demo questions, the report, then a rerun that
-    reuses both runs, and --check against expectations that do and do not hold."""
+    """Two real answer jobs (Beam, SmolLM2) on six demo questions, the report (no secret option in
+    it or in the manifests), then a rerun that reuses both runs, and --check against expectations
+    that do and do not hold."""
     suite_text = GOOD.replace("generator=gemma3-270m", "generator=smollm2-135m-instruct")
     path = _suite(tmp_path, suite_text)
-    outcome = run_compare(path, tmp_path / "work", check=True, runs_dir=tmp_path / "kept")
+    secret = "--s3_secret_access_key=hunter2-in-compare"  # travels with every job; written nowhere
+    outcome = run_compare(path, tmp_path / "work", check=True, runs_dir=tmp_path / "kept", extra_flags=[secret])
     assert [r.status for r in outcome.records] == ["ran", "ran"]
+    written = [Path(f) for f in outcome.files.values()] + list((tmp_path / "kept").rglob("*.json"))
+    assert written and not [f for f in written if "hunter2" in f.read_text()]
     assert not (tmp_path / "work" / "runs").exists()  # the jobs wrote under runs_dir
     rows = outcome.report["rows"]["demo"]
     for r in rows.values():
