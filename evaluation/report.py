@@ -8,7 +8,7 @@ from pathlib import Path
 from specrag.evaluation.metrics import RECALL_AT, TASK_METRICS, recall_at, score_row
 from specrag.evaluation.trajectory import METRICS as TRAJECTORY_METRICS
 from specrag.evaluation.trajectory import trace_steps, trajectory_metrics
-from specrag.transforms.files import join, match_files, read_parquet, write_text
+from specrag.transforms.files import exists, join, match_files, read_parquet, write_text
 
 
 RESULT_COLUMNS = ["id", "method", "answer", "raw_output", "choice", "timings", "retrieved"]
@@ -36,9 +36,15 @@ def _trajectories(pattern: str) -> dict[str, list[list[str]]]:
 
 
 def evaluate_run(results_dir: Path | str, queries: str) -> dict:
-    """Metrics per (dataset, method) for one run folder (any FileSystems path); missing gold is an error."""
+    """Metrics per (dataset, method) for one run folder (any FileSystems path), one result per id
+    (duplicates are counted in ``coverage`` and left out of the metrics); a folder that holds no
+    run and missing gold are errors."""
     results = _read(join(str(results_dir), "results-*.parquet"), RESULT_COLUMNS)  # core columns: any method
     dead = _read(join(str(results_dir), "dead_letters-*.parquet"))
+    if not results and not dead and not exists(join(str(results_dir), "identity.json")):
+        raise FileNotFoundError(f"{results_dir} is not a run of `specrag answer` (no results, dead letters "
+                                "or identity.json there)")
+    all_results, results = results, _first_per_id(results)
     trajectories = _trajectories(join(str(results_dir), "results-*.parquet"))
     gold = {q["id"]: q for q in _read(queries)}
     if not gold:
@@ -90,7 +96,14 @@ def evaluate_run(results_dir: Path | str, queries: str) -> dict:
                      "p95_latency_s": round(lat[min(n - 1, int(0.95 * n))], 3),
                      "mean_queue_s": round(queued[key] / n, 3)})
     return {"results_dir": str(results_dir), "rows": rows, "dead_letters": len(dead),
-            "coverage": coverage(results, dead, gold)}
+            "coverage": coverage(all_results, dead, gold)}
+
+
+def _first_per_id(results: list[dict]) -> list[dict]:
+    """One result per query id, the first in file order (attempts in order): a folder that two
+    runs wrote into must not count a question twice in n or in the metrics."""
+    seen: set[str] = set()
+    return [r for r in results if not (r["id"] in seen or seen.add(r["id"]))]
 
 
 def coverage(results: list[dict], dead: list[dict], gold: dict[str, dict]) -> dict:

@@ -33,11 +33,31 @@ def unknown_beam_flags(args: list[str]) -> list[str]:
     return [a for a in unknown if a.startswith("-")]
 
 
+def _with_suggestions(flags: list[str]) -> str:
+    """``--retreiver`` → ``--retreiver (did you mean --retriever?)``, from the flags specrag defines."""
+    import difflib
+    from specrag.pipelines.options import JOB_OPTIONS
+    known = sorted({o for classes in JOB_OPTIONS.values() for cls in classes
+                    for o in _option_strings(cls) if o.startswith("--") and "_" not in o})  # dashed spellings
+    out = []
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        out.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return ", ".join(out)
+
+
+def _option_strings(cls) -> list[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    cls._add_argparse_args(parser)  # noqa: SLF001
+    return [o for action in parser._actions for o in action.option_strings]  # noqa: SLF001
+
+
 def _beam_args(flags: list[str]) -> tuple[str, ...]:
     """A job's flags (specrag's and Beam's), checked, with the default runner."""
     unknown = unknown_beam_flags(flags)
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown}: neither specrag nor Beam defines them "
+        raise ValueError(f"unknown option(s) {_with_suggestions(unknown)}: neither specrag nor Beam defines them "
                          "(see `specrag COMMAND --help`; Beam options are listed in its PipelineOptions)")
     if not any(a.startswith("--runner") for a in flags):
         flags = ["--runner=FnApiRunner", *flags]
@@ -224,6 +244,8 @@ def cmd_evaluate(args, extra) -> int:
         print(f"{run}: {cov['answered']} answered, {cov['dead_letter_ids']} dead letters, {cov['missing']} missing, "
               f"{cov['duplicate_results']} duplicate results, {cov['in_results_and_dead_letters']} in both "
               f"(of {cov['queries']} queries)")
+        if cov["duplicate_results"]:
+            print(f"{run}: {cov['duplicate_results']} duplicate results ignored (the first result of each id counts)")
     print(format_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
@@ -398,8 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser().parse_known_args(argv)
     unknown = [a for a in extra if not a.startswith("--")]
-    if unknown:
-        parser().error(f"unexpected arguments: {unknown}")
+    if unknown:  # `--retreiver dense`: the stray value belongs to a flag nobody defines; name the flag
+        flags = unknown_beam_flags([a for a in extra if a.startswith("--")])
+        parser().error(f"unknown option(s) {_with_suggestions(flags)}" if flags
+                       else f"unexpected arguments: {unknown}")
     # a Beam job gets all its flags (specrag's and Beam's): they travel with its pipeline options
     flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
                                                                cmd_extract_triplets, cmd_label_utility) else extra

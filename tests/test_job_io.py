@@ -126,7 +126,10 @@ def test_cli_rejects_unknown_flags_and_mistyped_settings(tmp_path, capsys):
     assert main(base + ["--set", "topk=3"]) == 2
     assert "has no setting 'topk'" in capsys.readouterr().err
     assert main(base + ["--batchsize=4"]) == 2
-    assert "unknown option(s) ['--batchsize=4']" in capsys.readouterr().err
+    assert "unknown option(s) --batchsize (did you mean --batch-size?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the stray value names its flag, not "unexpected arguments: ['dense']"
+        main(base + ["--retreiver", "dense"])
+    assert "unknown option(s) --retreiver (did you mean --retriever?)" in capsys.readouterr().err
     assert main(["answer", "--output", str(tmp_path / "o")]) == 2
     assert "specrag answer needs --queries" in capsys.readouterr().err
     assert main(base + ["--model", "generator"]) == 2
@@ -245,3 +248,40 @@ def test_flex_template_parameters_become_one_answer_command():
     known = {a.dest for a in parser._actions}  # noqa: SLF001
     parameters = json.loads((folder / "metadata.json").read_text())["parameters"]
     assert {p["name"] for p in parameters} - {"settings", "models"} <= known
+
+
+def test_evaluate_counts_each_id_once_and_refuses_a_folder_without_a_run(tmp_path, capsys):
+    rows = [{"id": f"q{i}", "question": f"capital {i}", "answers": [f"CAPITAL {i}" if i % 2 else "other"],
+             "task_type": "short_form", "dataset": "toy"} for i in range(6)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=QUERIES), tmp_path / "q.parquet")
+    out = tmp_path / "run"
+    run_answer(AnswerJob(str(tmp_path / "q.parquet"), str(out), Echo(MethodConfig()), RuntimeConfig(models=())))
+    [shard] = out.glob("results-000-*.parquet")
+    shutil.copy(shard, out / "results-001-from-a-second-writer.parquet")  # every id twice
+    report = evaluate_run(str(out), str(tmp_path / "q.parquet"))
+    [row] = report["rows"]
+    assert row["n"] == 6 and row["contains"] == 50.0  # not n=12
+    assert report["coverage"]["duplicate_results"] == 6 and report["coverage"]["answered"] == 6
+    assert main(["evaluate", "--queries", str(tmp_path / "q.parquet"), str(out)]) == 0
+    assert "6 duplicate results ignored (the first result of each id counts)" in capsys.readouterr().out
+    missing = tmp_path / "no-such-run"
+    assert main(["evaluate", "--queries", str(tmp_path / "q.parquet"), str(missing)]) == 2
+    assert "is not a run of `specrag answer`" in capsys.readouterr().err and not missing.exists()
+
+
+def test_an_index_folder_is_checked_at_start(demo_index, tmp_path, capsys):
+    """A results folder given as --index, or an index whose files were partly deleted, is one
+    line at start (it was `error: 'kinds'`, or tracebacks from every worker)."""
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "question": "q"}], schema=QUERIES), tmp_path / "q.parquet")
+    answer = ["answer", "--queries", str(tmp_path / "q.parquet"), "--method", "standard"]
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "manifest.json").write_text(json.dumps({"job": "answer", "counters": {}}))
+    assert main([*answer, "--index", str(results), "--output", str(tmp_path / "o1")]) == 2
+    assert "is not an index folder: its manifest.json is a `specrag answer` manifest" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    shutil.copytree(demo_index, broken)
+    shutil.rmtree(broken / "bm25")
+    assert main([*answer, "--index", str(broken), "--output", str(tmp_path / "o2")]) == 2
+    assert "lists a 'bm25' index but lacks bm25/" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()

@@ -96,7 +96,7 @@ class RuntimeConfig:
         if needs_datastore:
             if not self.datastore_dir:
                 raise ValueError("the method retrieves per token: pass --datastore (built by `specrag build-datastore`)")
-            kinds = _manifest(self.datastore_dir, "datastore", "specrag build-datastore")["kinds"]
+            kinds = _kinds(self.datastore_dir, "datastore", "specrag build-datastore")
             if self.datastore_kind not in kinds:
                 raise ValueError(f"datastore {self.datastore_dir} has no {self.datastore_kind!r} index (has: {sorted(kinds)})")
         if needs_triplets:
@@ -107,10 +107,11 @@ class RuntimeConfig:
         if needs_retriever:
             if not self.index_dir:
                 raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
-            kinds = _manifest(self.index_dir, "index folder", "specrag build-index")["kinds"]
+            kinds = _kinds(self.index_dir, "index folder", "specrag build-index")
             if self.retriever not in kinds:
                 raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index (has: {sorted(kinds)}); "
                                  f"rebuild with `specrag build-index --kinds {self.retriever}`")
+            _check_index_files(self.index_dir, self.retriever)
 
     def scan_precision(self) -> str | None:
         return None if self.exact_scan == "faiss" else self.exact_scan
@@ -159,6 +160,28 @@ def _manifest(folder: str, what: str, build: str) -> dict:
     if not files.exists(path):
         raise ValueError(f"{folder} is not a {what} (no manifest.json); build one with `{build}`")
     return json.loads(files.read_text(path))
+
+
+def _kinds(folder: str, what: str, build: str) -> dict:
+    """The kinds an index's or datastore's manifest lists; another job's manifest (a results
+    folder's, a triplet folder's) is named as such, not a KeyError."""
+    manifest = _manifest(folder, what, build)
+    if not isinstance(manifest.get("kinds"), dict):
+        job = manifest.get("job")
+        article = "an" if what[0] in "aeiou" else "a"
+        raise ValueError(f"{folder} is not {article} {what}: its manifest.json is "
+                         f"{'a `specrag ' + job + '` manifest' if job else 'not one'}; build one with `{build}`")
+    return manifest["kinds"]
+
+
+def _check_index_files(folder: str, kind: str) -> None:
+    """The files a retriever opens are there (a copied or half-deleted folder fails at start)."""
+    from specrag.transforms import files
+    missing = [name for name, pattern in (("passages.parquet", "passages.parquet"), (f"{kind}/", f"{kind}/*"))
+               if not files.match_files(files.join(folder, pattern))]
+    if missing:
+        raise ValueError(f"index {folder} lists a {kind!r} index but lacks {', '.join(missing)}; "
+                         f"rebuild it with `specrag build-index --kinds {kind}`")
 
 
 # When and how fast a folder was built says nothing of what it holds, nor does how its corpus's path
