@@ -64,3 +64,20 @@ def test_answer_job_prints_progress(tmp_path, demo_tables, demo_index, capfd, mo
     total = count_rows([queries])
     assert f"answer retrieve-only: finished {total} queries, 0 dead letters in " in err
     assert not (tmp_path / "out" / ".progress").exists()
+
+
+def test_counts_are_published_on_a_timer_not_only_when_the_next_element_arrives(tmp_path):
+    """Elements often arrive in bursts (a batched model call finishes many queries at once) and
+    then nothing for a while: the count of the burst is published within an interval anyway."""
+    from specrag.transforms.progress import _Count
+    fn = _Count(str(tmp_path), "done", interval_s=0.05)
+    fn.setup()
+    try:
+        for i in range(7):
+            assert list(fn.process(i)) == [i]
+        deadline = time.time() + 5
+        while read_progress(str(tmp_path))["done"] != 7 and time.time() < deadline:
+            time.sleep(0.02)
+        assert read_progress(str(tmp_path))["done"] == 7  # no finish_bundle, no later element
+    finally:
+        fn.teardown()

@@ -2,8 +2,8 @@
 
 Runners differ in whether (and how late) they report metrics to the launcher while a job
 runs, so workers report through the job's own output folder instead, which every runner can
-reach (FileSystems: local, GCS, HDFS): ``CountProgress`` passes elements through and, at most
-every ``interval_s`` per DoFn instance, writes its running count to
+reach (FileSystems: local, GCS, HDFS): ``CountProgress`` passes elements through and, every
+``interval_s`` per DoFn instance when it changed (a timer thread), writes its running count to
 ``<output>/.progress/<kind>-<uid>.json`` (one tiny file per instance: no shared state, no
 locks, a few bytes every few seconds). ``watch_progress`` reads those files on a thread of the
 launcher and prints one line every ``SPECRAG_PROGRESS_S`` seconds (10; 0: silent), then a last
@@ -35,30 +35,45 @@ def progress_dir(output: str) -> str:
 
 
 class _Count(beam.DoFn):
+    """Counts elements; a timer thread publishes the count every ``interval_s`` when it changed,
+    so progress moves while elements arrive in bursts (a batch of model calls) or stall, not only
+    when the next one arrives."""
+
     def __init__(self, folder: str, kind: str, interval_s: float):
         self.folder, self.kind, self.interval_s = folder, kind, interval_s
 
     def setup(self):
         self._path = join(self.folder, f"{self.kind}-{uuid.uuid4().hex}.json")
-        self._n, self._written, self._last = 0, 0, 0.0
+        self._n, self._written = 0, 0
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._timer = threading.Thread(target=self._publish_on_timer, name="specrag-progress", daemon=True)
+        self._timer.start()
 
     def process(self, element):
         self._n += 1
-        if time.monotonic() - self._last >= self.interval_s:
-            self._write()
         yield element
 
     def finish_bundle(self):
-        if self._n != self._written:
+        self._write()
+
+    def teardown(self):
+        self._stop.set()
+        self._write()
+
+    def _publish_on_timer(self):
+        while not self._stop.wait(self.interval_s):
             self._write()
 
     def _write(self):
-        self._last = time.monotonic()
-        try:
-            write_text(self._path, json.dumps({"n": self._n}))
-            self._written = self._n
-        except Exception:  # progress is best effort: never fail the job for it
-            pass
+        with self._lock:
+            n = self._n
+            if n == self._written:
+                return
+            try:
+                write_text(self._path, json.dumps({"n": n}))
+                self._written = n
+            except Exception:  # progress is best effort: never fail the job for it
+                pass
 
 
 class CountProgress(beam.PTransform):
