@@ -79,12 +79,22 @@ def cmd_import_data(args, extra) -> int:
     return 0
 
 
+def _refuse_existing(folder: str, what: str, flag: str, options) -> None:
+    """A folder that already holds a built index or datastore is replaced only with --overwrite
+    (the flag is OutputOptions', which every Beam job parses)."""
+    from specrag.pipelines.options import OutputOptions
+    from specrag.transforms.files import exists, join
+    if exists(join(folder, "manifest.json")) and not options.view_as(OutputOptions).overwrite:
+        raise ValueError(f"{folder} already holds {what}: pass --overwrite to rebuild it, or choose another {flag}")
+
+
 def cmd_build_index(args, flags) -> int:
     from specrag.pipelines.build_index import run_build_index
     from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, RuntimeOptions
     options, beam_args = _job_options(flags)
     options.view_as(BuildIndexOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
+    _refuse_existing(runtime.index, "an index", "--index", options)
     kinds = (corpus.kinds or "bm25").split(",")
     embedder = runtime.models_by_role({"embedder": "all-minilm-l6-v2"}, ("embedder",), "build-index")["embedder"]
     shards = options.view_as(BuildIndexOptions).dense_shards
@@ -107,6 +117,7 @@ def cmd_build_datastore(args, flags) -> int:
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
     if runtime.backend != "local":
         raise ValueError("build-datastore reads hidden states of the model: it runs on the local backend")
+    _refuse_existing(runtime.datastore, "a datastore", "--datastore", options)
     model = runtime.models_by_role({"generator": "smollm2-135m-instruct"}, ("generator",),
                                    "build-datastore")["generator"]
     manifest = run_build_datastore(corpus.corpus, runtime.datastore, model=model, max_tokens=job.max_tokens,

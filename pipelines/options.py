@@ -182,7 +182,8 @@ class CorpusOptions(PipelineOptions):
 
 
 class BuildIndexOptions(PipelineOptions):
-    """`specrag build-index`: passages → index folder (--index); embeds with --model embedder=NAME."""
+    """`specrag build-index`: passages → index folder (--index); embeds with --model embedder=NAME;
+    an existing index is replaced only with --overwrite."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
@@ -200,7 +201,8 @@ class BuildIndexOptions(PipelineOptions):
 
 
 class BuildDatastoreOptions(PipelineOptions):
-    """`specrag build-datastore`: passages → KNN-LM datastore (--datastore) of --model generator=NAME."""
+    """`specrag build-datastore`: passages → KNN-LM datastore (--datastore) of --model generator=NAME;
+    an existing datastore is replaced only with --overwrite."""
 
     @classmethod
     def _add_argparse_args(cls, parser):

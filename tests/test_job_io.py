@@ -271,7 +271,8 @@ def test_evaluate_counts_each_id_once_and_refuses_a_folder_without_a_run(tmp_pat
 
 def test_an_index_folder_is_checked_at_start(demo_index, tmp_path, capsys):
     """A results folder given as --index, or an index whose files were partly deleted, is one
-    line at start (it was `error: 'kinds'`, or tracebacks from every worker)."""
+    line at start (it was `error: 'kinds'`, or tracebacks from every worker); an existing index
+    is not rebuilt over without --overwrite."""
     pq.write_table(pa.Table.from_pylist([{"id": "a", "question": "q"}], schema=QUERIES), tmp_path / "q.parquet")
     answer = ["answer", "--queries", str(tmp_path / "q.parquet"), "--method", "standard"]
     results = tmp_path / "results"
@@ -285,3 +286,8 @@ def test_an_index_folder_is_checked_at_start(demo_index, tmp_path, capsys):
     assert main([*answer, "--index", str(broken), "--output", str(tmp_path / "o2")]) == 2
     assert "lists a 'bm25' index but lacks bm25/" in capsys.readouterr().err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    # and build-index does not replace an index without --overwrite
+    before = sorted(p.name for p in broken.iterdir())
+    assert main(["build-index", "--corpus", str(tmp_path / "q.parquet"), "--index", str(broken)]) == 2
+    assert "already holds an index: pass --overwrite to rebuild it" in capsys.readouterr().err
+    assert sorted(p.name for p in broken.iterdir()) == before
