@@ -133,6 +133,7 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
 
 
 IDENTITY_FILE = "identity.json"
+INPUTS_FILE = "inputs.json"  # the input files' contents (no paths), written before the run
 
 
 def run_identity(job: AnswerJob) -> dict[str, Any]:
@@ -165,6 +166,21 @@ def check_resumable(out: str, identity: dict[str, Any]) -> None:
                          f"({'; '.join(diffs)}); use the same settings, --overwrite, or a new --output")
 
 
+def input_contents(inputs: dict) -> list[dict]:
+    """What the input files hold, without their paths: the same queries copied to a bucket are
+    the same input; a different file is not."""
+    return sorted((v for v in inputs.values()), key=lambda v: json.dumps(v, sort_keys=True))
+
+
+def check_same_inputs(out: str, inputs: dict) -> None:
+    """Refuse to resume a folder whose earlier attempts answered other input files: the results
+    would mix two query sets. Folders from before inputs were recorded are not checked."""
+    path = join(out, INPUTS_FILE)
+    if exists(path) and json.loads(read_text(path)) != json.loads(json.dumps(input_contents(inputs))):
+        raise ValueError(f"cannot resume {out}: its results were made from other input files than "
+                         f"{', '.join(inputs) or 'these'}; use the same --queries, --overwrite, or a new --output")
+
+
 def finished_files(out: str) -> tuple[list[str], int]:
     """Earlier attempts' result files and the next attempt number (``check_resumable`` has
     made sure they share this run's identity)."""
@@ -184,16 +200,23 @@ def run_answer(job: AnswerJob) -> dict:
     """
     job.validate()
     out = job.output
-    if not (job.resume or job.overwrite) and match_files(join(out, "results-*.parquet")):
-        raise ValueError(f"{out} already holds results: pass --resume to complete that run, "
-                         "--overwrite to replace it, or choose another --output")
+    if not (job.resume or job.overwrite):
+        # (an identity file alone is a run that produced nothing: there is nothing to lose)
+        earlier = [name for name, pattern in (("results", "results-*.parquet"), ("dead letters", "dead_letters-*.parquet"),
+                                              ("a manifest", "manifest.json")) if match_files(join(out, pattern))]
+        if earlier:
+            raise ValueError(f"{out} already holds an earlier run ({', '.join(earlier)}): pass --resume to complete "
+                             "that run, --overwrite to replace it, or choose another --output")
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
+    inputs = dataset_fingerprint(expand_inputs(job.queries))
     if job.resume:
         check_resumable(out, identity)
+        check_same_inputs(out, inputs)
     mkdirs(out)
-    # written before the run: a killed run can still only be resumed with the same identity
+    # written before the run: a killed run can still only be resumed with the same identity and inputs
     write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
+    write_text(join(out, INPUTS_FILE), json.dumps(input_contents(inputs), indent=2))
     done, attempt = finished_files(out) if job.resume else ([], 0)
     stale = match_files(join(out, "dead_letters-*.parquet")) + match_files(join(out, ".*.inprogress"))
     if not job.resume:
@@ -222,7 +245,7 @@ def run_answer(job: AnswerJob) -> dict:
         "runtime": job.runtime.to_dict(),
         "batch_size": job.batch_size, "num_shards": job.num_shards,
         "beam_args": list(job.beam_args),
-        "inputs": dataset_fingerprint(expand_inputs(job.queries)),
+        "inputs": inputs,
         "resumed": {"attempt": attempt, "skipped_finished": counters.get("skipped_finished", 0)}
         if job.resume else None,
         "wall_s": round(time.time() - started, 3),

@@ -291,3 +291,23 @@ def test_an_index_folder_is_checked_at_start(demo_index, tmp_path, capsys):
     assert main(["build-index", "--corpus", str(tmp_path / "q.parquet"), "--index", str(broken)]) == 2
     assert "already holds an index: pass --overwrite to rebuild it" in capsys.readouterr().err
     assert sorted(p.name for p in broken.iterdir()) == before
+
+
+def test_an_earlier_run_is_kept_without_overwrite_and_resumed_only_with_the_same_inputs(tmp_path):
+    table = lambda rows: pa.Table.from_pylist([{"id": i, "question": q} for i, q in rows], schema=QUERIES)  # noqa: E731
+    pq.write_table(table([("a", ""), ("b", "   ")]), tmp_path / "blank.parquet")  # both rows dead letters
+    pq.write_table(table([("a", "first"), ("b", "second")]), tmp_path / "q.parquet")
+    pq.write_table(table([("c", "third")]), tmp_path / "other.parquet")
+    job = lambda queries, **kw: AnswerJob(str(tmp_path / queries), str(tmp_path / "out"), Echo(MethodConfig()),  # noqa: E731
+                                          RuntimeConfig(models=()), max_failure_fraction=1.0, **kw)
+    run_answer(job("blank.parquet"))  # no result, two dead letters and a manifest
+    with pytest.raises(ValueError, match=r"already holds an earlier run \(dead letters, a manifest\)"):
+        run_answer(job("q.parquet"))
+    assert len(_read(tmp_path / "out", "dead_letters")) == 2  # nothing was deleted
+    run_answer(job("q.parquet", overwrite=True))
+    with pytest.raises(ValueError, match="made from other input files"):
+        run_answer(job("other.parquet", resume=True))  # would mix two query sets in one folder
+    shutil.copy(tmp_path / "q.parquet", tmp_path / "copy.parquet")
+    again = run_answer(job("copy.parquet", resume=True))  # the same queries under another name
+    assert again["resumed"]["skipped_finished"] == 2
+    assert sorted(r["id"] for r in _read(tmp_path / "out", "results")) == ["a", "b"]

@@ -94,7 +94,7 @@ def test_a_run_over_the_failure_threshold_fails_after_writing_everything(tmp_pat
         run_answer(job())
     assert len(_read(tmp_path / "out", "dead_letters")) == 3 and len(_read(tmp_path / "out", "results")) == 1
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["dead_letter_share"] == 0.75
-    with pytest.raises(ValueError, match="already holds results"):  # never silently replaced
+    with pytest.raises(ValueError, match="already holds an earlier run"):  # never silently replaced
         run_answer(job(max_failure_fraction=1.0))
     run_answer(job(max_failure_fraction=1.0, overwrite=True))
 
@@ -204,13 +204,19 @@ def test_resume_answers_only_unfinished_queries(tmp_path):
     rows = [{"id": f"q{i}", "question": f"question {i}"} for i in range(6)]
     method = FanOutMethod(MethodConfig())
     job = lambda path, resume: AnswerJob(path, str(tmp_path / "out"), method, RuntimeConfig(models=()),
-                                         batch_size=4, num_shards=2, resume=resume)
-    run_answer(job(_queries(tmp_path / "first.parquet", rows[:4] + [{"id": "bad", "question": ""}]), False))
-    manifest = run_answer(job(_queries(tmp_path / "all.parquet", rows + [{"id": "bad", "question": ""}]), True))
-    assert manifest["resumed"] == {"attempt": 1, "skipped_finished": 4}
+                                         batch_size=4, num_shards=2, shard_rows=2, resume=resume)
+    path = _queries(tmp_path / "all.parquet", rows + [{"id": "bad", "question": ""}])
+    run_answer(job(path, False))
+    # a run killed before its last shard committed: that shard's queries have no result
+    [lost, *kept] = sorted((tmp_path / "out").glob("results-000-*.parquet"))
+    lost.unlink()
+    finished = {r["id"] for r in _read(tmp_path / "out", "results")}
+    assert kept and 0 < len(finished) < 6
+    manifest = run_answer(job(path, True))
+    assert manifest["resumed"] == {"attempt": 1, "skipped_finished": len(finished)}
     results = _read(tmp_path / "out", "results")
     assert sorted(r["id"] for r in results) == [f"q{i}" for i in range(6)]  # each once
-    assert sorted(f.name.split("-")[1] for f in (tmp_path / "out").glob("results-*.parquet")) == ["000", "001"]
+    assert sorted({f.name.split("-")[1] for f in (tmp_path / "out").glob("results-*.parquet")}) == ["000", "001"]
     assert [d["id"] for d in _read(tmp_path / "out", "dead_letters")] == ["bad"]  # replaced, not doubled
 
 
