@@ -25,8 +25,10 @@ from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
 from specrag.pipelines.manifest import identity_differences, job_counters, write_manifest
 from specrag.pipelines.options import new_pipeline
-from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
+from specrag.transforms.files import (delete, exists, join, match_files, mkdirs, read_parquet, read_text, remove_tree,
+                                      restore, set_aside, write_text)
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.transforms.lease import Lease
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
 from specrag.transforms.records import result_row
@@ -96,9 +98,10 @@ def _result_row(kv, name: str, fingerprint: str) -> dict:
 
 
 def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list[str] = (),
-                          attempt: int = 0, fingerprint: str | None = None) -> None:
+                          attempt: int = 0, fingerprint: str | None = None, lease_token: str | None = None) -> None:
     """The job's graph. ``finished_files``: earlier results, read by the job itself and
-    anti-joined with the input by id in the validation's GroupById (no ids in the graph)."""
+    anti-joined with the input by id in the validation's GroupById (no ids in the graph).
+    ``lease_token``: every shard commit checks that the output folder's lease is still this run's."""
     out = job.output
     read = ReadParquetRows(job.queries, job.bad_files)
     finished = p | "ReadFinished" >> ReadIds(finished_files, "id") if finished_files else None
@@ -123,13 +126,13 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
      | "ToResultRows" >> beam.Map(_result_row, name, fp)
      | "ProgressAnswered" >> CountProgress(progress_dir(out), "done")
      | "WriteResults" >> WriteParquetShards(join(out, f"results-{attempt:03d}"), job.method.results_schema(),
-                                            job.shard_rows, counter="results"))
+                                            job.shard_rows, counter="results", lease_token=lease_token))
     (dead
      | "FlattenDeadLetters" >> beam.Flatten()
      | "CountDeadLetters" >> beam.Map(_count_dead)
      | "ProgressDead" >> CountProgress(progress_dir(out), "dead")
      | "WriteDeadLetters" >> WriteParquetShards(join(out, f"dead_letters-{attempt:03d}"), DEAD_LETTERS,
-                                                job.shard_rows, counter="dead_letters"))
+                                                job.shard_rows, counter="dead_letters", lease_token=lease_token))
 
 
 IDENTITY_FILE = "identity.json"
@@ -194,7 +197,8 @@ def run_answer(job: AnswerJob) -> dict:
 
     A folder that already holds results is refused unless ``resume`` (queries that already
     have results are skipped and only the rest run again; earlier dead letters are replaced
-    by this attempt's: they are retried) or ``overwrite`` (earlier outputs are deleted).
+    by this attempt's: they are retried) or ``overwrite`` (the earlier run's files are set aside,
+    put back if this run fails, and deleted once it has written its outputs and manifest).
     Raises RunFailed after writing everything when the dead-letter share of the input
     exceeds ``max_failure_fraction``.
     """
@@ -214,6 +218,34 @@ def run_answer(job: AnswerJob) -> dict:
         check_resumable(out, identity)
         check_same_inputs(out, inputs)
     mkdirs(out)
+    with Lease(out) as lease:  # one writer per folder: a second run is refused here
+        # --overwrite removes nothing yet: the earlier run is set aside, put back if this run
+        # fails, deleted once it has written its outputs and manifest
+        aside = set_aside(out, _run_files(out)) if job.overwrite and not job.resume else None
+        try:
+            manifest = _run(job, identity, fingerprint, inputs, lease.token)
+        except BaseException:
+            if aside:
+                restore(out, aside, _run_files(out))
+            raise
+        if aside:
+            remove_tree(aside)
+    failed, handled = manifest.pop("_failure_share")
+    if handled and failed / handled > job.max_failure_fraction:
+        raise RunFailed(f"{failed} of {handled} queries of this attempt ended as dead letters "
+                        f"({failed / handled:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
+                        f"outputs and manifest are in {out}")
+    return manifest
+
+
+def _run_files(out: str) -> list[str]:
+    """A run's own files in its folder (results, dead letters, manifest, identity, inputs)."""
+    return [f for pattern in ("results-*.parquet", "dead_letters-*.parquet", "manifest.json", IDENTITY_FILE,
+                              INPUTS_FILE) for f in match_files(join(out, pattern))]
+
+
+def _run(job: AnswerJob, identity: dict, fingerprint: str, inputs: dict, lease_token: str) -> dict:
+    out = job.output
     # written before the run: a killed run can still only be resumed with the same identity and inputs
     write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
     write_text(join(out, INPUTS_FILE), json.dumps(input_contents(inputs), indent=2))
@@ -225,7 +257,7 @@ def run_answer(job: AnswerJob) -> dict:
     job.method.warn_departures()
     started = time.time()
     p = new_pipeline(job.beam_args)
-    build_answer_pipeline(p, job, done, attempt, fingerprint)
+    build_answer_pipeline(p, job, done, attempt, fingerprint, lease_token)
     total = count_rows(expand_inputs(job.queries))
     if total is not None and done:
         total = max(0, total - count_ids(done, "id"))
@@ -233,7 +265,7 @@ def run_answer(job: AnswerJob) -> dict:
         result = p.run()
         result.wait_until_finish()
     counters = job_counters(result, NAMESPACE)
-    failed, inputs = _failure_share(out, attempt, counters)
+    failed, handled = _failure_share(out, attempt, counters)
     manifest = write_manifest(out, {
         "job": "answer",
         "method": job.method.name,
@@ -251,15 +283,11 @@ def run_answer(job: AnswerJob) -> dict:
         "wall_s": round(time.time() - started, 3),
         "execution": job.execution, "max_in_flight": job.runtime.engine.max_in_flight,
         "counters": counters,
-        "dead_letter_share": round(failed / inputs, 6) if inputs else 0.0,
+        "dead_letter_share": round(failed / handled, 6) if handled else 0.0,
         "max_failure_fraction": job.max_failure_fraction,
         **job.extra_manifest,
     })
-    if inputs and failed / inputs > job.max_failure_fraction:
-        raise RunFailed(f"{failed} of {inputs} queries of this attempt ended as dead letters "
-                        f"({failed / inputs:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
-                        f"outputs and manifest are in {out}")
-    return manifest
+    return {**manifest, "_failure_share": (failed, handled)}
 
 
 def _failure_share(out: str, attempt: int, counters: dict[str, int]) -> tuple[int, int]:

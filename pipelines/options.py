@@ -336,6 +336,14 @@ def _is_fn_api_runner(options: PipelineOptions) -> bool:
         return False
 
 
+def _specrag_option_names() -> set[str]:
+    import argparse
+    parser = argparse.ArgumentParser(add_help=False)
+    for cls in {c for classes in JOB_OPTIONS.values() for c in classes}:
+        cls._add_argparse_args(parser)  # noqa: SLF001
+    return {a.dest for a in parser._actions}  # noqa: SLF001
+
+
 def new_pipeline(beam_args: tuple[str, ...] | list[str]):
     """A job's ``beam.Pipeline`` whose workers, in every process, get the job's options.
 
@@ -351,7 +359,11 @@ def new_pipeline(beam_args: tuple[str, ...] | list[str]):
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
     from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    # Beam's own options only: a worker process parses them without specrag's option classes (it
+    # would log every specrag flag as unparseable), and specrag's settings travel inside its DoFns
+    ours = _specrag_option_names()
+    beam_only = {k: v for k, v in options.get_all_options().items() if k not in ours}
+    encoded = JobServiceHandle.encode_pipeline_options(beam_only)
     provision = ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
     return beam.Pipeline(runner=FnApiRunner(provision_info=provision), options=options)
 

@@ -311,3 +311,84 @@ def test_an_earlier_run_is_kept_without_overwrite_and_resumed_only_with_the_same
     again = run_answer(job("copy.parquet", resume=True))  # the same queries under another name
     assert again["resumed"]["skipped_finished"] == 2
     assert sorted(r["id"] for r in _read(tmp_path / "out", "results")) == ["a", "b"]
+
+
+def test_overwrite_puts_the_earlier_run_back_when_the_new_run_fails(tmp_path):
+    """--overwrite with an input that turns out unreadable once the job runs leaves the earlier
+    run as it was (results, manifest, identity); a run that succeeds replaces it entirely."""
+    table = lambda rows: pa.Table.from_pylist([{"id": i, "question": q} for i, q in rows], schema=QUERIES)  # noqa: E731
+    pq.write_table(table([("a", "first"), ("b", "second")]), tmp_path / "q.parquet")
+    pq.write_table(table([("c", "third")]), tmp_path / "next.parquet")
+    (tmp_path / "bad").mkdir()
+    pq.write_table(table([("d", "fourth")]), tmp_path / "bad" / "part-0.parquet")
+    (tmp_path / "bad" / "part-1.parquet").write_bytes(b"PAR1 not parquet")
+    out = tmp_path / "out"
+    job = lambda queries, **kw: AnswerJob(str(tmp_path / queries), str(out), Echo(MethodConfig()),  # noqa: E731
+                                          RuntimeConfig(models=()), **kw)
+    run_answer(job("q.parquet"))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(UnreadableInput):
+        run_answer(job("bad/*.parquet", overwrite=True))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # put back as it was
+    assert not list(out.glob(".replaced-*"))
+    run_answer(job("next.parquet", overwrite=True))
+    assert [r["id"] for r in _read(out, "results")] == ["c"] and not list(out.glob(".replaced-*"))
+    assert json.loads((out / "manifest.json").read_text())["counters"]["answered"] == 1
+
+
+@pytest.mark.slow
+def test_a_second_writer_is_refused_while_the_first_runs(demo_tables, demo_index, tmp_path):
+    """Two real processes into one folder: the second (a plain run, then a --resume) is refused
+    with one line while the first holds the folder's lease; the first answers every id once."""
+    import subprocess
+    import sys
+    import time
+    pq.write_table(pq.read_table(demo_tables[0]).slice(0, 10), tmp_path / "q.parquet")
+    cli = [sys.executable, "-m", "specrag.pipelines.cli", "answer", "--queries", str(tmp_path / "q.parquet"), "--index",
+           str(demo_index), "--method", "standard", "--set", "top_k=2", "--set", "max_new_tokens=16",
+           "--max-in-flight", "2", "--shard-rows", "2", "--output", str(tmp_path / "out")]  # ~20 s
+    first = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "out" / ".lease").exists():
+        assert first.poll() is None and time.time() < deadline, first.stderr.read()
+        time.sleep(0.05)
+    seconds = [subprocess.Popen(cli + extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for extra in ([], ["--resume"])]
+    for second in seconds:
+        assert second.wait(timeout=300) == 2
+        error = second.stderr.read()
+        assert "is being written by another run" in error, error
+    assert first.poll() is None  # the refusals came while the first run was writing
+    assert first.wait(timeout=600) == 0, first.stderr.read()
+    ids = [r["id"] for r in _read(tmp_path / "out", "results")]
+    assert len(ids) == len(set(ids)) == 10
+    assert not (tmp_path / "out" / ".lease").exists()  # given back
+
+
+def test_a_stale_lease_is_taken_over_and_a_lost_lease_stops_commits(tmp_path):
+    import socket
+    from specrag.transforms.lease import Lease, LeaseHeld, check
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "question": "q"}], schema=QUERIES), tmp_path / "q.parquet")
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess_pid_that_exited()
+    (out / ".lease").write_text(json.dumps({"token": "f" * 32, "host": socket.gethostname(), "pid": dead,
+                                            "started": 0, "heartbeat": 0}))
+    run_answer(AnswerJob(str(tmp_path / "q.parquet"), str(out), Echo(MethodConfig()), RuntimeConfig(models=()),
+                         resume=True))  # a killed run's lease: its process is gone
+    assert [r["id"] for r in _read(out, "results")] == ["a"] and not (out / ".lease").exists()
+    with Lease(str(out)) as lease:
+        check(str(out), lease.token)
+        (out / ".lease").write_text(json.dumps({"token": "0" * 32, "host": "elsewhere", "pid": 1,
+                                                "started": 0, "heartbeat": 9e9}))
+        with pytest.raises(LeaseHeld, match="this run's lease was taken over by run 00000000"):
+            check(str(out), lease.token)
+        with pytest.raises(LeaseHeld, match="is being written by another run 00000000"):
+            Lease(str(out)).acquire()
+
+
+def subprocess_pid_that_exited() -> int:
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)

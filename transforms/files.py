@@ -228,6 +228,25 @@ def publish(local_dir: Path | str, folder: str, *, skip: tuple[str, ...] = ()) -
         write_bytes(join(folder, *path.relative_to(local_dir).parts), path.read_bytes())
 
 
+def set_aside(folder: str, paths: list[str]) -> str | None:
+    """Move files of ``folder`` into a hidden ``.replaced-<token>`` folder beside them, so that a
+    run replacing them can put them back if it fails (``restore``); None when there are none."""
+    if not paths:
+        return None
+    aside = join(folder, f".replaced-{uuid.uuid4().hex[:12]}")
+    mkdirs(aside)
+    FileSystems.rename(list(paths), [join(aside, p.rstrip("/").rsplit("/", 1)[-1]) for p in paths])
+    return aside
+
+
+def restore(folder: str, aside: str, replacing: list[str]) -> None:
+    """Undo ``set_aside``: delete what the failed run wrote (``replacing``), move the files back."""
+    delete([p for p in replacing if exists(p)])
+    back = match_files(join(aside, "*"))
+    FileSystems.rename(back, [join(folder, p.rsplit("/", 1)[-1]) for p in back])
+    remove_tree(aside)
+
+
 def remove_tree(folder: str) -> None:
     """Delete a folder and everything under it, on any scheme (no error when it is missing)."""
     if is_local(folder):

@@ -14,17 +14,19 @@ import uuid
 
 import apache_beam as beam
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from specrag.transforms.files import write_parquet
+from specrag.transforms.lease import check
 
 
 class _WriteShards(beam.DoFn):
-    def __init__(self, prefix: str, schema: pa.Schema, max_rows: int, counter: str):
-        self.prefix, self.schema, self.max_rows = prefix, schema, max_rows
+    def __init__(self, prefix: str, schema: pa.Schema, max_rows: int, counter: str, lease_token: str | None):
+        self.prefix, self.schema, self.max_rows, self.lease_token = prefix, schema, max_rows, lease_token
         self._shards = Metrics.counter("specrag", f"{counter}_shards")
         self._written = Metrics.counter("specrag", counter)  # rows written (the failure share reads it)
 
@@ -44,6 +46,8 @@ class _WriteShards(beam.DoFn):
     def _flush(self) -> str:
         # time-ordered names: reading shards in name order follows the order they were written
         path = f"{self.prefix}-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
+        if self.lease_token:  # the folder is still this run's (transforms/lease.py)
+            check(FileSystems.split(path)[0], self.lease_token)
         write_parquet(path, pa.Table.from_pylist(self._rows, schema=self.schema))
         self._written.inc(len(self._rows))
         self._rows = []
@@ -52,13 +56,17 @@ class _WriteShards(beam.DoFn):
 
 
 class WriteParquetShards(beam.PTransform):
-    """rows → Parquet files ``<prefix>-<time>-<uid>.parquet``; returns the written paths."""
+    """rows → Parquet files ``<prefix>-<time>-<uid>.parquet``; returns the written paths. With a
+    ``lease_token``, each commit first checks that the folder's lease is still that run's."""
 
-    def __init__(self, prefix: str, schema: pa.Schema, max_rows: int = 1000, counter: str = "rows"):
+    def __init__(self, prefix: str, schema: pa.Schema, max_rows: int = 1000, counter: str = "rows",
+                 lease_token: str | None = None):
         super().__init__()
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.prefix, self.schema, self.max_rows, self.counter = prefix, schema, max_rows, counter
+        self.lease_token = lease_token
 
     def expand(self, rows):
-        return rows | "WriteShards" >> beam.ParDo(_WriteShards(self.prefix, self.schema, self.max_rows, self.counter))
+        return rows | "WriteShards" >> beam.ParDo(
+            _WriteShards(self.prefix, self.schema, self.max_rows, self.counter, self.lease_token))
