@@ -10,25 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specrag.methods import Method, MethodConfig
+from specrag.methods import MethodConfig
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.transforms.runtime import RuntimeConfig
 
-
-class Echo(Method):
-    name = "echo-fuzz"
-    needs = {}
-
-    def stages(self):
-        return [_Echo()]
-
-
-class _Echo:
-    name = "Echo"
-
-    async def run(self, item, ctx):
-        item.answer = item.query["question"].upper()
-        return item
+from echo_method import Echo  # tests/echo_method.py
 
 
 IDS = st.one_of(st.none(), st.sampled_from(["a", "b", "c", "d", "é", " ", ""]), st.text(max_size=8))

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from specrag.evaluation.report import evaluate_run
-from specrag.methods import Method, MethodConfig, create_method
+from specrag.methods import MethodConfig, create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.pipelines.cli import main
 from specrag.schemas import QUERIES
@@ -18,6 +18,7 @@ from specrag.transforms.files import UnreadableInput
 from specrag.transforms.runtime import RuntimeConfig
 
 import remotefs  # the specragtest:// scheme (tests/remotefs.py)
+from echo_method import Echo  # tests/echo_method.py
 
 
 def _read(folder, name):
@@ -61,22 +62,6 @@ def test_answer_job_on_a_non_local_scheme(remote, demo_tables, demo_index):
     again = run_answer(job(resume=True))  # resume reads the earlier shards through FileSystems
     assert again["resumed"] == {"attempt": 1, "skipped_finished": n}
     assert not list(out.glob("results-001-*.parquet"))
-
-
-class Echo(Method):
-    name = "echo-test"
-    needs = {}
-
-    def stages(self):
-        return [_Echo()]
-
-
-class _Echo:
-    name = "Echo"
-
-    async def run(self, item, ctx):
-        item.answer = item.query["question"].upper()
-        return item
 
 
 @pytest.mark.slow
