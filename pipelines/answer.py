@@ -199,8 +199,9 @@ def run_answer(job: AnswerJob) -> dict:
     have results are skipped and only the rest run again; earlier dead letters are replaced
     by this attempt's: they are retried) or ``overwrite`` (the earlier run's files are set aside,
     put back if this run fails, and deleted once it has written its outputs and manifest).
-    Raises RunFailed after writing everything when the dead-letter share of the input
-    exceeds ``max_failure_fraction``.
+    Raises RunFailed after writing everything when the dead-letter share of the input, over
+    every attempt, exceeds ``max_failure_fraction``, or when input rows are in neither results
+    nor dead letters (``reconcile``).
     """
     job.validate()
     out = job.output
@@ -230,11 +231,15 @@ def run_answer(job: AnswerJob) -> dict:
             raise
         if aside:
             remove_tree(aside)
-    failed, handled = manifest.pop("_failure_share")
-    if handled and failed / handled > job.max_failure_fraction:
-        raise RunFailed(f"{failed} of {handled} queries of this attempt ended as dead letters "
-                        f"({failed / handled:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
-                        f"outputs and manifest are in {out}")
+    rec = manifest["reconciliation"]
+    if rec["lost"] > 0:
+        raise RunFailed(f"{reconciliation_line(rec)}: {rec['lost']} input rows are in neither results nor dead "
+                        f"letters; outputs and manifest are in {out}")
+    if manifest["dead_letter_share"] > job.max_failure_fraction:
+        what = "input rows and unreadable files" if rec["unreadable_files"] else "input rows"
+        raise RunFailed(f"{rec['dead_letters']} of {rec['results'] + rec['dead_letters']} {what} "
+                        f"ended as dead letters ({manifest['dead_letter_share']:.0%} > --max-failure-fraction "
+                        f"{job.max_failure_fraction}, over every attempt of the run); outputs and manifest are in {out}")
     return manifest
 
 
@@ -265,7 +270,10 @@ def _run(job: AnswerJob, identity: dict, fingerprint: str, inputs: dict, lease_t
         result = p.run()
         result.wait_until_finish()
     counters = job_counters(result, NAMESPACE)
-    failed, handled = _failure_share(out, attempt, counters)
+    wall = round(time.time() - started, 3)
+    rec = reconcile(out, inputs)
+    earlier = json.loads(read_text(join(out, "manifest.json"))) if job.resume and exists(join(out, "manifest.json")) else {}
+    attempts = [*(earlier.get("attempts") or []), {"attempt": attempt, "wall_s": wall, "counters": counters}]
     manifest = write_manifest(out, {
         "job": "answer",
         "method": job.method.name,
@@ -280,29 +288,45 @@ def _run(job: AnswerJob, identity: dict, fingerprint: str, inputs: dict, lease_t
         "inputs": inputs,
         "resumed": {"attempt": attempt, "skipped_finished": counters.get("skipped_finished", 0)}
         if job.resume else None,
-        "wall_s": round(time.time() - started, 3),
+        "wall_s": wall,
         "execution": job.execution, "max_in_flight": job.runtime.engine.max_in_flight,
-        "counters": counters,
-        "dead_letter_share": round(failed / handled, 6) if handled else 0.0,
+        "counters": counters,  # this attempt's; every attempt's are under "attempts"
+        "attempts": attempts,
+        "reconciliation": rec,
+        "dead_letter_share": _share(rec),
         "max_failure_fraction": job.max_failure_fraction,
         **job.extra_manifest,
     })
-    return {**manifest, "_failure_share": (failed, handled)}
+    return manifest
 
 
-def _failure_share(out: str, attempt: int, counters: dict[str, int]) -> tuple[int, int]:
-    """(dead letters, queries this attempt handled): from the job's counters (each failed query
-    is one dead letter, each rejected row too); read from its files on a runner without metrics."""
-    if "results" in counters or "dead_letters" in counters:
-        failed = counters.get("dead_letters", 0)
-        return failed, failed + counters.get("results", 0)
-    ids: set = set()
-    no_id = 0  # rows rejected before they had an id count one each
-    for f in match_files(join(out, f"dead_letters-{attempt:03d}-*.parquet")):
-        for qid in read_parquet(f, columns=["id"]).column("id").to_pylist():
-            no_id += qid is None
-            ids.add(qid)
-    failed = len(ids - {None}) + no_id
-    answered = len({i for f in match_files(join(out, f"results-{attempt:03d}-*.parquet"))
-                    for i in read_parquet(f, columns=["id"]).column("id").to_pylist()})
-    return failed, failed + answered
+def reconcile(out: str, inputs: dict) -> dict:
+    """Where every input row went, over all attempts of the run. An attempt keeps the results
+    of the earlier ones and judges every other row again (earlier dead letters are retried), so
+    the input rows must equal the distinct result ids plus the last attempt's distinct dead
+    letters (an unreadable file is one dead letter without rows). ``lost`` > 0 means rows
+    vanished; ``duplicated`` counts rows a retried bundle wrote twice (readers keep one per id).
+    Read from the files themselves: it holds on any runner, with or without metrics."""
+    input_rows = sum(v["rows"] for v in inputs.values() if isinstance(v.get("rows"), int))
+    ids = [i for f in match_files(join(out, "results-*.parquet"))
+           for i in read_parquet(f, columns=["id"]).column("id").to_pylist()]
+    dead = [tuple(r.values()) for f in match_files(join(out, "dead_letters-*.parquet"))
+            for r in read_parquet(f, columns=["id", "stage", "raw"]).to_pylist()]
+    distinct_dead = set(dead)
+    unreadable = sum(1 for d in distinct_dead if d[1] == "read")  # ReadParquetRows.dead_letters: one per file
+    answered = len(set(ids))
+    return {"input_rows": input_rows, "results": answered, "dead_letters": len(distinct_dead),
+            "unreadable_files": unreadable, "lost": input_rows - answered - (len(distinct_dead) - unreadable),
+            "duplicated": len(ids) - answered + len(dead) - len(distinct_dead)}
+
+
+def _share(rec: dict) -> float:
+    """The run's dead-letter share: of every input row (and unreadable file), over all attempts."""
+    handled = rec["results"] + rec["dead_letters"]
+    return round(rec["dead_letters"] / handled, 6) if handled else 0.0
+
+
+def reconciliation_line(rec: dict) -> str:
+    files = f" + {rec['unreadable_files']} unreadable files" if rec["unreadable_files"] else ""
+    return (f"{rec['input_rows']} input rows{files} = {rec['results']} results + {rec['dead_letters']} dead letters "
+            f"(lost {rec['lost']}, duplicated {rec['duplicated']})")

@@ -80,19 +80,34 @@ def cmd_import_data(args, extra) -> int:
 
 
 def _refuse_existing(folder: str, what: str, flag: str, options) -> None:
-    """A folder that already holds a built index or datastore is replaced only with --overwrite
-    (the flag is OutputOptions', which every Beam job parses)."""
-    from specrag.pipelines.options import OutputOptions
+    """A folder that already holds a built index or datastore is replaced only with --overwrite."""
+    from specrag.pipelines.options import ReplaceOptions
     from specrag.transforms.files import exists, join
-    if exists(join(folder, "manifest.json")) and not options.view_as(OutputOptions).overwrite:
+    if exists(join(folder, "manifest.json")) and not options.view_as(ReplaceOptions).overwrite:
         raise ValueError(f"{folder} already holds {what}: pass --overwrite to rebuild it, or choose another {flag}")
+
+
+def _failed_rows(folder: str, kept: int, options, command: str) -> int:
+    """1 (after saying why) when the job's dead letters are a larger share of its input than
+    --max-failure-fraction allows, else 0; the built index or datastore stays in place."""
+    from specrag.pipelines.options import ReplaceOptions
+    from specrag.transforms.files import join, match_files, open_parquet
+    limit = options.view_as(ReplaceOptions).max_failure_fraction
+    dead = sum(open_parquet(f).metadata.num_rows for f in match_files(join(folder, "dead_letters*.parquet")))
+    if dead and dead / (kept + dead) > limit:
+        print(f"specrag {command}: failed: {dead} of {kept + dead} passages ended as dead letters "
+              f"({dead / (kept + dead):.0%} > --max-failure-fraction {limit}); they and the output are in {folder}",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_build_index(args, flags) -> int:
     from specrag.pipelines.build_index import run_build_index
-    from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, RuntimeOptions
+    from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions
     options, beam_args = _job_options(flags)
     options.view_as(BuildIndexOptions).validate()
+    options.view_as(ReplaceOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
     _refuse_existing(runtime.index, "an index", "--index", options)
     kinds = (corpus.kinds or "bm25").split(",")
@@ -104,16 +119,17 @@ def cmd_build_index(args, flags) -> int:
                                beam_args=beam_args, dense_params=dense_params, backend=runtime.backend,
                                triton=config.triton, embeddings=options.view_as(BuildIndexOptions).embeddings)
     print(json.dumps(manifest["index"], indent=2))
-    return 0
+    return _failed_rows(runtime.index, manifest["index"]["passages"], options, "build-index")
 
 
 def cmd_build_datastore(args, flags) -> int:
     from specrag.inference.processor import resolve_dtype
     from specrag.pipelines.build_datastore import run_build_datastore
-    from specrag.pipelines.options import BuildDatastoreOptions, CorpusOptions, RuntimeOptions
+    from specrag.pipelines.options import BuildDatastoreOptions, CorpusOptions, ReplaceOptions, RuntimeOptions
     options, beam_args = _job_options(flags)
     job = options.view_as(BuildDatastoreOptions)
     job.validate()
+    options.view_as(ReplaceOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
     if runtime.backend != "local":
         raise ValueError("build-datastore reads hidden states of the model: it runs on the local backend")
@@ -124,7 +140,7 @@ def cmd_build_datastore(args, flags) -> int:
                                    max_entries=job.max_entries, kinds=tuple((corpus.kinds or "flat,hnsw").split(",")),
                                    num_threads=runtime.threads, dtype=resolve_dtype(runtime.dtype), beam_args=beam_args)
     print(json.dumps(manifest["datastore"], indent=2))
-    return 0
+    return _failed_rows(runtime.datastore, manifest["datastore"]["passages"], options, "build-datastore")
 
 
 def answer_job_from_flags(flags: list[str], command: str = "answer", method_name: str | None = None):
@@ -132,10 +148,11 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
     from specrag.methods import create_method
     from specrag.methods.base import parse_settings
     from specrag.pipelines.answer import AnswerJob
-    from specrag.pipelines.options import AnswerOptions, OutputOptions, RuntimeOptions
+    from specrag.pipelines.options import AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions
     options, beam_args = _job_options(flags)
-    a, o = options.view_as(AnswerOptions), options.view_as(OutputOptions)
+    a, o, r = options.view_as(AnswerOptions), options.view_as(OutputOptions), options.view_as(ReplaceOptions)
     a.validate()
+    r.validate()
     name = method_name or a.method
     if method_name and a.method not in ("standard", method_name):  # standard: the flag's default
         raise ValueError(f"{command} runs method {method_name!r}; drop --method {a.method}")
@@ -143,8 +160,8 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
     runtime = options.view_as(RuntimeOptions).runtime_config(method)
     return AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
                      num_shards=a.shards, beam_args=beam_args, resume=o.resume,
-                     overwrite=o.overwrite, execution=a.execution,
-                     max_failure_fraction=o.max_failure_fraction, gather_timeout_s=a.gather_timeout,
+                     overwrite=r.overwrite, execution=a.execution,
+                     max_failure_fraction=r.max_failure_fraction, gather_timeout_s=a.gather_timeout,
                      shard_rows=a.shard_rows, bad_files=o.bad_files)
 
 
@@ -164,7 +181,9 @@ def cmd_answer(args, flags) -> int:
     manifest, out = _run_answer_flags(flags, "answer")
     if manifest is None:
         return 1
+    from specrag.pipelines.answer import reconciliation_line
     print(f"wrote {out} ({manifest['wall_s']} s); manifest: {out.rstrip('/')}/manifest.json")
+    print(f"reconciliation: {reconciliation_line(manifest['reconciliation'])}")
     return 0
 
 
@@ -187,7 +206,13 @@ def cmd_train_utility(args, extra) -> int:
                                    batch_queries=args.batch_queries, max_units=args.max_units,
                                    max_length=args.max_length, held_out=args.held_out, seed=args.seed,
                                    threads=args.threads)
-    report = run_train_utility(args.labels, args.output, config, threads=args.threads)
+    from specrag.pipelines.training_inputs import TrainingInputFailed
+    try:
+        report = run_train_utility(args.labels, args.output, config, threads=args.threads, overwrite=args.overwrite,
+                                   max_failure_fraction=args.max_failure_fraction)
+    except TrainingInputFailed as e:
+        print(f"specrag train-utility: failed: {e}", file=sys.stderr)
+        return 1
     print(json.dumps({k: report[k] for k in ("questions", "dropped_useless", "train_questions",
                                              "held_out_questions", "steps", "epoch_loss", "wall_s")}))
     print(f"held-out ranking agreement with the CPPL teacher (mean Spearman): trained "
@@ -205,8 +230,14 @@ def cmd_train_denoiser(args, extra) -> int:
                                     head_learning_rate=args.head_learning_rate,
                                     response_tokens=args.response_tokens, held_out=args.held_out, seed=args.seed,
                                     threads=args.threads)
-    report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
-                                passage_words=args.passage_words, max_passages=args.max_passages)
+    from specrag.pipelines.training_inputs import TrainingInputFailed
+    try:
+        report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
+                                    passage_words=args.passage_words, max_passages=args.max_passages,
+                                    overwrite=args.overwrite, max_failure_fraction=args.max_failure_fraction)
+    except TrainingInputFailed as e:
+        print(f"specrag train-denoiser: failed: {e}", file=sys.stderr)
+        return 1
     print(json.dumps({k: report[k] for k in ("corpus_passages", "trace_examples", "held_out_examples",
                                              "trace_epoch_loss", "truncated_contexts", "wall_s")}))
     print("held-out masked-word accuracy by mask ratio: untrained head "
@@ -219,11 +250,13 @@ def cmd_train_denoiser(args, extra) -> int:
 
 def cmd_extract_triplets(args, flags) -> int:
     from specrag.pipelines.extract_triplets import ExtractionFailed, ExtractJob, run_extract_triplets
-    from specrag.pipelines.options import CorpusOptions, ExtractTripletsOptions, OutputOptions, RuntimeOptions
+    from specrag.pipelines.options import (CorpusOptions, ExtractTripletsOptions, OutputOptions, ReplaceOptions,
+                                           RuntimeOptions)
     from specrag.transforms.triplets import ExtractorConfig
     options, beam_args = _job_options(flags)
-    x, o = options.view_as(ExtractTripletsOptions), options.view_as(OutputOptions)
+    x, o, r = options.view_as(ExtractTripletsOptions), options.view_as(OutputOptions), options.view_as(ReplaceOptions)
     x.validate()
+    r.validate()
     runtime = options.view_as(RuntimeOptions)
     roles = ("generator",) if x.extractor == "generator" else ()
     model = runtime.models_by_role({}, roles, f"extract-triplets --extractor {x.extractor}").get("generator")
@@ -232,7 +265,7 @@ def cmd_extract_triplets(args, flags) -> int:
                              num_threads=runtime.threads, triton=runtime.runtime_config().triton)
     job = ExtractJob(options.view_as(CorpusOptions).corpus, o.output, config, beam_args=beam_args,
                      batch_size=x.extract_batch, shard_passages=x.shard_passages, resume=o.resume,
-                     overwrite=o.overwrite, bad_files=o.bad_files, max_failure_fraction=o.max_failure_fraction)
+                     overwrite=r.overwrite, bad_files=o.bad_files, max_failure_fraction=r.max_failure_fraction)
     try:
         manifest = run_extract_triplets(job)
     except ExtractionFailed as e:
@@ -291,6 +324,14 @@ def _add_job_options(p: argparse.ArgumentParser, command: str) -> None:
     from specrag.pipelines.options import JOB_OPTIONS
     for cls in JOB_OPTIONS[command]:
         cls._add_argparse_args(p)  # noqa: SLF001 (the way Beam collects an options class's flags)
+
+
+def _add_training_output_options(p: argparse.ArgumentParser) -> None:
+    """The Beam jobs' rules for earlier output and failed rows (ReplaceOptions), for a training command."""
+    p.add_argument("--overwrite", action="store_true", help="replace the model already in --output (refused without it)")
+    p.add_argument("--max-failure-fraction", type=float, default=0.5,
+                   help="fail before training when a larger share of the input rows cannot be used "
+                        "(they are written to OUTPUT/dead_letters.parquet either way)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -353,6 +394,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", type=float, default=0.1, help="share of questions kept back for the ranking check")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    _add_training_output_options(p)
     p.set_defaults(fn=cmd_train_utility)
 
     p = sub.add_parser("train-denoiser", help="train SARDI's masked-diffusion denoiser (MiniLM + tied MLM head) "
@@ -375,6 +417,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    _add_training_output_options(p)
     p.set_defaults(fn=cmd_train_denoiser)
 
     p = sub.add_parser("answer", help="answer a query table with a RAG method (Beam job)",

@@ -120,9 +120,14 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
 
 
 def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split: str = "aed_train",
-                       top_k: int = 7, passage_words: int = 40, max_passages: int = 0) -> dict:
+                       top_k: int = 7, passage_words: int = 40, max_passages: int = 0, overwrite: bool = False,
+                       max_failure_fraction: float = 0.5) -> dict:
     """Traces of the split's questions among ``queries`` (a Parquet glob), corpus passages of
-    the index, then training; returns the report."""
+    the index, then training; returns the report. Query rows that fail validation are dead
+    letters beside the model (pipelines/training_inputs.py)."""
+    from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows
+    from specrag.schemas.validation import validate_query
+    refuse_existing_model(out_dir, overwrite)
     from specrag.evaluation.splits import load_split, split_fingerprint
     from specrag.inference.denoiser_training import train_denoiser
     from specrag.retrieval.index import open_retriever
@@ -131,7 +136,9 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     from specrag.retrieval.base import passage_text
     allowed = set(load_split(split))
     files = expand_inputs(queries)
-    rows = [r for f in files for r in read_parquet(f).to_pylist() if r["id"] in allowed]
+    rows = [r for f in files for r in read_parquet(f).to_pylist() if r.get("id") in allowed]
+    rows, dead = split_rows(rows, lambda r: (validate_query(r), r)[1], "train-denoiser")
+    check_failures(out_dir, dead, len(rows) + len(dead), max_failure_fraction, f"questions of split {split!r}")
     rows.sort(key=lambda r: r["id"])
     if not rows:
         raise ValueError(f"no question of split {split!r} in {queries!r}")
@@ -149,6 +156,6 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
         "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
         "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
                      "golds": "forced into the top-k"},
-        "questions": len(rows), "traces_kept": len(traces),
+        "questions": len(rows), "traces_kept": len(traces), "dead_letters": len(dead),
         "kept": "traces whose answer (other than yes/no) occurs in the evidence as cut"})
-    return asdict(report)
+    return {**asdict(report), "dead_letters": len(dead)}

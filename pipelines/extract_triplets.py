@@ -20,7 +20,9 @@ from specrag.pipelines.manifest import identity_differences, job_counters, write
 from specrag.pipelines.options import new_pipeline
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_passage
-from specrag.transforms.files import delete, exists, join, match_files, mkdirs, read_parquet, read_text, write_text
+from specrag.transforms.files import (delete, exists, join, match_files, mkdirs, read_parquet, read_text, remove_tree,
+                                      restore, set_aside, write_text)
+from specrag.transforms.lease import Lease
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
@@ -64,13 +66,18 @@ def committed_shards(folder: str) -> list[str]:
                   for f in match_files(join(folder, "extracted-*.parquet")))
 
 
-def _prepare_output(job: ExtractJob, identity: dict) -> list[str]:
-    """Refuse to mix runs; returns the extracted-* files of earlier attempts (resume)."""
+def _check_output(job: ExtractJob, identity: dict) -> None:
+    """Refuse to mix or lose runs: an earlier run's files are kept without --resume/--overwrite,
+    and resumed only with the same identity."""
     out = job.output
     earlier = match_files(join(out, "extracted-*.parquet"))
-    if earlier and not (job.resume or job.overwrite):
-        raise ValueError(f"{out} already holds extracted triplets: pass --resume to complete that run, "
-                         "--overwrite to replace it, or choose another --output")
+    if not (job.resume or job.overwrite):
+        held = [name for name, files in (("extracted triplets", earlier),
+                                         ("dead letters", match_files(join(out, "dead_letters-*.parquet"))),
+                                         ("a manifest", match_files(join(out, "manifest.json")))) if files]
+        if held:
+            raise ValueError(f"{out} already holds an earlier run ({', '.join(held)}): pass --resume to complete "
+                             "that run, --overwrite to replace it, or choose another --output")
     if job.resume and exists(join(out, IDENTITY_FILE)):
         diffs = identity_differences(json.loads(read_text(join(out, IDENTITY_FILE))),
                                      json.loads(json.dumps(identity, default=str)))
@@ -79,13 +86,23 @@ def _prepare_output(job: ExtractJob, identity: dict) -> list[str]:
                              "use the same extractor settings, --overwrite, or a new --output")
     elif job.resume and earlier:
         raise ValueError(f"cannot resume {out}: no {IDENTITY_FILE} says how its triplets were made")
-    mkdirs(out)
+
+
+def _run_files(out: str) -> list[str]:
+    """A run's own files in its folder."""
+    return [f for pattern in ("extracted-*.parquet", "triplets-*.parquet", "dead_letters-*.parquet", "manifest.json",
+                              IDENTITY_FILE) for f in match_files(join(out, pattern))]
+
+
+def _prepare_output(job: ExtractJob, identity: dict) -> list[str]:
+    """Clear what this attempt replaces; returns the extracted-* files of earlier attempts (resume)."""
+    out = job.output
     committed = set(committed_shards(out)) if job.resume else set()
     stale = [f for f in match_files(join(out, "triplets-*.parquet"))
              if f.rsplit("/", 1)[-1][len("triplets-"):-len(".parquet")] not in committed]
     stale += match_files(join(out, "dead_letters-*.parquet"))
     if not job.resume:
-        stale += earlier
+        stale += match_files(join(out, "extracted-*.parquet"))
     delete(stale)
     write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
     return [join(out, f"extracted-{s}.parquet") for s in sorted(committed)]
@@ -126,6 +143,29 @@ def run_extract_triplets(job: ExtractJob) -> dict:
     passages this attempt handled exceeds ``max_failure_fraction``."""
     job.validate()
     identity = {"job": "extract-triplets", **job.extractor.identity()}
+    _check_output(job, identity)
+    mkdirs(job.output)
+    with Lease(job.output):  # one writer per folder, as for answer
+        # --overwrite removes nothing yet: the earlier run is set aside, put back if this one fails
+        aside = set_aside(job.output, _run_files(job.output)) if job.overwrite else None
+        try:
+            manifest = _run(job, identity)
+        except BaseException:
+            if aside:
+                restore(job.output, aside, _run_files(job.output))
+            raise
+        if aside:
+            remove_tree(aside)
+    run = manifest["over_the_run"]  # every attempt's: earlier dead letters were retried by this one
+    failed, handled = run["dead_letters"], run["passages"] + run["dead_letters"]
+    if handled and failed / handled > job.max_failure_fraction:
+        raise ExtractionFailed(f"{failed} of {handled} passages of the run ended as dead letters "
+                               f"({failed / handled:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
+                               f"outputs and manifest are in {job.output}")
+    return manifest
+
+
+def _run(job: ExtractJob, identity: dict) -> dict:
     finished = _prepare_output(job, identity)
     started = time.time()
     p = new_pipeline(job.beam_args)
@@ -157,12 +197,9 @@ def run_extract_triplets(job: ExtractJob) -> dict:
         "sentences": counters.get("sentences"),
         "wall_s": round(wall, 3), "passages_per_s": round(passages / wall, 2) if wall > 0 else None,
         "counters": counters,
+        "over_the_run": {"passages": count_ids(match_files(join(job.output, "extracted-*.parquet")), "passage_id"),
+                         "dead_letters": failed},
     })
-    handled = passages + failed
-    if handled and failed / handled > job.max_failure_fraction:
-        raise ExtractionFailed(f"{failed} of {handled} passages ended as dead letters "
-                               f"({failed / handled:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
-                               f"outputs and manifest are in {job.output}")
     return manifest
 
 

@@ -126,7 +126,7 @@ class RuntimeOptions(PipelineOptions):
 
 
 class OutputOptions(PipelineOptions):
-    """Where a job writes (answer, extract-triplets), and what it does with earlier output and failures."""
+    """Where a job writes (answer, extract-triplets), and what it does with unreadable input."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
@@ -134,12 +134,25 @@ class OutputOptions(PipelineOptions):
         _flag(group, "output", help="output folder (any FileSystems path); required")
         _flag(group, "resume", action="store_true",
               help="keep earlier output in --output and process only the rows without one")
-        _flag(group, "overwrite", action="store_true", help="replace the output already in --output")
         _flag(group, "bad_files", default="fail", choices=("fail", "dead-letter"),
               help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
                    "dead letter naming it while the other files are processed")
+
+
+class ReplaceOptions(PipelineOptions):
+    """What every Beam job does with earlier output in its folder and with failed rows."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("earlier output and failures")
+        _flag(group, "overwrite", action="store_true",
+              help="replace what the output folder already holds (refused without it)")
         _flag(group, "max_failure_fraction", type=float, default=0.5,
-              help="exit non-zero (after writing everything) when a larger share of the input fails")
+              help="exit non-zero (after writing everything) when a larger share of the input ends as dead letters")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.max_failure_fraction <= 1.0:
+            raise ValueError(f"--max-failure-fraction must be in [0, 1], got {self.max_failure_fraction}")
 
 
 class AnswerOptions(PipelineOptions):
@@ -369,8 +382,8 @@ def new_pipeline(beam_args: tuple[str, ...] | list[str]):
 
 
 JOB_OPTIONS = {
-    "answer": (AnswerOptions, OutputOptions, RuntimeOptions),
-    "extract-triplets": (ExtractTripletsOptions, CorpusOptions, OutputOptions, RuntimeOptions),
-    "build-index": (BuildIndexOptions, CorpusOptions, RuntimeOptions),
-    "build-datastore": (BuildDatastoreOptions, CorpusOptions, RuntimeOptions),
+    "answer": (AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions),
+    "extract-triplets": (ExtractTripletsOptions, CorpusOptions, OutputOptions, ReplaceOptions, RuntimeOptions),
+    "build-index": (BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),
+    "build-datastore": (BuildDatastoreOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),
 }

@@ -128,14 +128,14 @@ def test_job_options_are_beam_pipeline_options_that_travel_with_the_job():
     they survive the round trip a runner makes of a job's options, and they are checked."""
     from apache_beam.options.pipeline_options import PipelineOptions
     from specrag.pipelines.cli import unknown_beam_flags
-    from specrag.pipelines.options import AnswerOptions, OutputOptions, RuntimeOptions
+    from specrag.pipelines.options import AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions
     flags = ["--queries=q.parquet", "--output", "out", "--max-in-flight=8", "--max_failure_fraction=0.1",
              "--set", "top_k=3", "--model", "generator=gemma3-270m", "--runner=FnApiRunner"]
     assert unknown_beam_flags(flags) == [] and unknown_beam_flags(flags + ["--max-inflight=3"]) == ["--max-inflight=3"]
     options = PipelineOptions(flags)
     answer, runtime = options.view_as(AnswerOptions), options.view_as(RuntimeOptions)
     assert (answer.queries, answer.set) == ("q.parquet", ["top_k=3"])
-    assert options.view_as(OutputOptions).max_failure_fraction == 0.1
+    assert options.view_as(ReplaceOptions).max_failure_fraction == 0.1
     config = runtime.runtime_config()
     assert config.engine.max_in_flight == 8 and dict(config.models)["generator"] == "gemma3-270m"
     from apache_beam.options.pipeline_options import PortableOptions
@@ -215,7 +215,7 @@ def test_flex_template_parameters_become_one_answer_command():
     `specrag answer` flags (repeatable ones from lists), and every parameter is an answer option."""
     import importlib.util
     from pathlib import Path
-    from specrag.pipelines.options import AnswerOptions, OutputOptions, RuntimeOptions
+    from specrag.pipelines.options import JOB_OPTIONS
     folder = Path(__file__).resolve().parents[1] / "deploy" / "beam" / "flex_template"
     spec = importlib.util.spec_from_file_location("flex_main", folder / "main.py")
     entry = importlib.util.module_from_spec(spec)
@@ -228,7 +228,7 @@ def test_flex_template_parameters_become_one_answer_command():
         entry.answer_argv(["--resume=yes"])
     import argparse
     parser = argparse.ArgumentParser()
-    for cls in (AnswerOptions, OutputOptions, RuntimeOptions):
+    for cls in JOB_OPTIONS["answer"]:
         cls._add_argparse_args(parser)  # noqa: SLF001
     known = {a.dest for a in parser._actions}  # noqa: SLF001
     parameters = json.loads((folder / "metadata.json").read_text())["parameters"]
@@ -296,6 +296,36 @@ def test_an_earlier_run_is_kept_without_overwrite_and_resumed_only_with_the_same
     again = run_answer(job("copy.parquet", resume=True))  # the same queries under another name
     assert again["resumed"]["skipped_finished"] == 2
     assert sorted(r["id"] for r in _read(tmp_path / "out", "results")) == ["a", "b"]
+
+
+def test_every_input_row_is_accounted_for_across_resumes(tmp_path):
+    """A duplicate id stays a dead letter when its first row was answered earlier; the failure
+    share and the reconciliation cover the whole run; a resume with nothing to do keeps both."""
+    from specrag.pipelines.answer import RunFailed
+    flag = tmp_path / "failing"
+    flag.touch()
+    rows = [("a", "one"), ("b", "two"), ("a", "again"), ("c", "  "), ("d", f"fail-while:{flag}")]
+    pq.write_table(pa.Table.from_pylist([{"id": i, "question": q} for i, q in rows], schema=QUERIES),
+                   tmp_path / "q.parquet")
+    out = tmp_path / "out"
+    job = lambda **kw: AnswerJob(str(tmp_path / "q.parquet"), str(out), Echo(MethodConfig()),  # noqa: E731
+                                 RuntimeConfig(models=()), max_failure_fraction=0.5, **kw)
+    with pytest.raises(RunFailed, match=r"3 of 5 input rows ended as dead letters \(60%"):
+        run_answer(job())
+    first = json.loads((out / "manifest.json").read_text())["reconciliation"]
+    assert first == {"input_rows": 5, "results": 2, "dead_letters": 3, "unreadable_files": 0, "lost": 0,
+                     "duplicated": 0}
+    flag.unlink()
+    manifest = run_answer(job(resume=True))  # d is answered now: 2 of 5 fail over the run
+    dead = _read(out, "dead_letters")
+    assert sorted((r["id"], r["stage"]) for r in dead) == [("a", "validate"), ("c", "validate")]
+    assert "duplicate id 'a'" in next(r["message"] for r in dead if r["id"] == "a")
+    assert manifest["reconciliation"] == {**first, "results": 3, "dead_letters": 2}
+    assert manifest["dead_letter_share"] == 0.4 and manifest["resumed"]["skipped_finished"] == 2
+    idle = run_answer(job(resume=True))  # nothing left to do: the run's account is unchanged
+    assert idle["reconciliation"] == manifest["reconciliation"] and idle["resumed"]["skipped_finished"] == 3
+    assert [a["attempt"] for a in idle["attempts"]] == [0, 1, 2]
+    assert [a["counters"].get("answered", 0) for a in idle["attempts"]] == [2, 1, 0]
 
 
 def test_overwrite_puts_the_earlier_run_back_when_the_new_run_fails(tmp_path):
@@ -377,3 +407,32 @@ def subprocess_pid_that_exited() -> int:
     import sys
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return int(proc.stdout)
+
+
+def test_build_and_train_commands_refuse_earlier_output_and_fail_on_too_many_bad_rows(tmp_path, capsys):
+    """build-index exits 1 when most passages are dead letters (the index is still written);
+    train-utility writes unusable label rows as dead letters and trains nothing when they are
+    too many; both training commands keep an earlier --output without --overwrite."""
+    from specrag.pipelines.cli import main
+    from specrag.pipelines.training_inputs import DEAD_LETTERS_FILE
+    passages = [{"id": "p1", "title": "T", "text": "a real passage"}] + [{"id": f"b{i}", "title": "T", "text": "  "}
+                                                                        for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(passages), tmp_path / "corpus.parquet")
+    index = tmp_path / "index"
+    assert main(["build-index", "--corpus", str(tmp_path / "corpus.parquet"), "--index", str(index),
+                 "--max-failure-fraction=0.5"]) == 1
+    assert "3 of 4 passages ended as dead letters (75% > --max-failure-fraction 0.5)" in capsys.readouterr().err
+    assert (index / "manifest.json").exists()
+    labels = [{"query_id": "q1", "question": "who?", "answer": "x", "unit": i, "kind": "passage", "unit_id": "p",
+               "text": "t", "cppl": c} for i, c in enumerate([1.5, float("nan"), float("inf")])]
+    pq.write_table(pa.Table.from_pylist(labels), tmp_path / "labels.parquet")
+    model = tmp_path / "model"
+    assert main(["train-utility", "--labels", str(tmp_path / "labels.parquet"), "--output", str(model)]) == 1
+    assert "2 of 3 label rows cannot be used (67% > --max-failure-fraction 0.5); nothing was trained" in \
+        capsys.readouterr().err
+    dead = pq.read_table(model / DEAD_LETTERS_FILE).to_pylist()
+    assert [(d["id"], d["message"].split(" got")[0]) for d in dead] == [("q1", "cppl: expected a finite number,")] * 2
+    for command in (["train-utility", "--labels", str(tmp_path / "labels.parquet")],
+                    ["train-denoiser", "--queries", "q.parquet", "--index", str(index)]):
+        assert main([*command, "--output", str(model)]) == 2
+        assert "already holds files (a model or its dead letters): pass --overwrite" in capsys.readouterr().err

@@ -90,7 +90,7 @@ def test_a_run_over_the_failure_threshold_fails_after_writing_everything(tmp_pat
     rows = [{"id": f"b{i}", "question": "break part 1"} for i in range(3)] + [{"id": "ok", "question": "fine"}]
     job = lambda **kw: AnswerJob(_queries(tmp_path / "q.parquet", rows), str(tmp_path / "out"),
                                  FanOutMethod(MethodConfig()), RuntimeConfig(models=()), **kw)
-    with pytest.raises(RunFailed, match="3 of 4 queries"):
+    with pytest.raises(RunFailed, match="3 of 4 input rows ended as dead letters"):
         run_answer(job())
     assert len(_read(tmp_path / "out", "dead_letters")) == 3 and len(_read(tmp_path / "out", "results")) == 1
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["dead_letter_share"] == 0.75

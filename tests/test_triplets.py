@@ -176,18 +176,19 @@ def test_extract_triplets_job_writes_sets_dead_letters_and_resumes(tmp_path):
     assert manifest["passages_without_triplets"] == 1 and manifest["passages_per_s"] > 0
 
     # an existing output is refused without --resume/--overwrite; a resume redoes nothing
-    with pytest.raises(ValueError, match="already holds extracted triplets"):
+    with pytest.raises(ValueError, match=r"already holds an earlier run \(extracted triplets, dead letters, a manifest"):
         run_extract_triplets(ExtractJob(corpus, str(out), config))
     # a killed run's triplets shard without its extracted twin is no commit: removed on resume
     (out / "triplets-99999999999999999999-deadbeef.parquet").write_bytes(
         (next(out.glob("triplets-*.parquet"))).read_bytes())
     # the resumed attempt retries the two failed rows only; both fail again: 100% of this
-    # attempt's rows, over --max-failure-fraction, so it exits with an error after writing
+    # attempt's rows, but 2 of the run's 5, under --max-failure-fraction
     from specrag.pipelines.extract_triplets import ExtractionFailed
-    with pytest.raises(ExtractionFailed, match="2 of 2 passages"):
-        run_extract_triplets(ExtractJob(corpus, str(out), config, resume=True))
-    again = json.loads((out / "manifest.json").read_text())
+    again = run_extract_triplets(ExtractJob(corpus, str(out), config, resume=True))
     assert again["passages"] == 0 and again["resumed"]["skipped_finished"] == 3
+    assert again["over_the_run"] == {"passages": 3, "dead_letters": 2}
+    with pytest.raises(ExtractionFailed, match="2 of 5 passages of the run ended as dead letters"):
+        run_extract_triplets(ExtractJob(corpus, str(out), config, resume=True, max_failure_fraction=0.3))
     assert not (out / "triplets-99999999999999999999-deadbeef.parquet").exists()
     assert TripletStore.open(str(out)).sets == store.sets
     # a resume with other extractor settings is refused, naming the difference

@@ -52,18 +52,15 @@ def _verdicts(element, source_of):
     """(position, verdict) for each row of one id that is not simply kept."""
     qid, orders = element
     orders = list(orders)
-    if any(o is FINISHED for o in orders):
-        rows = [o for o in orders if isinstance(o, int)]
-        if rows:  # in the input and answered earlier: skipped
-            Metrics.counter("specrag", "skipped_finished").inc()
-        for o in rows:
-            yield o, SKIP
-        return
-    marked = MARKED in orders
     rows = sorted(o for o in orders if isinstance(o, int))  # the first occurrence wins
     if not rows:  # a mark with no row of that id
         return
-    if marked:
+    if any(o is FINISHED for o in orders):
+        # answered earlier: the first row is skipped, a later duplicate is a dead letter again,
+        # as in the attempt that answered it (each input row stays in results or dead letters)
+        Metrics.counter("specrag", "skipped_finished").inc()
+        yield rows[0], SKIP
+    elif MARKED in orders:
         yield rows[0], MARK
     for o in rows[1:]:
         yield o, f"duplicate id {qid!r} (first seen at {source_of(rows[0])})"
