@@ -56,6 +56,7 @@ class AnswerJob:
     shard_rows: int = 1000  # results/dead letters written in shards of this many rows as they finish
     bad_files: str = "fail"  # or "dead-letter": an unreadable input file becomes one dead letter
     extra_manifest: dict[str, Any] = field(default_factory=dict)
+    stream: Any = None  # StreamSettings (pipelines/streaming.py): answer an unbounded source as it arrives
 
     def validate(self) -> None:
         self.runtime.validate(self.method.needs, self.method.needs_retriever, self.method.needs_datastore,
@@ -66,7 +67,10 @@ class AnswerJob:
             raise ValueError(f"max_failure_fraction must be in [0, 1], got {self.max_failure_fraction}")
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other")
-        expand_inputs(self.queries)
+        if self.stream is not None:
+            self.stream.validate()  # an unbounded source may hold no file yet
+        else:
+            expand_inputs(self.queries)
 
 
 class RunFailed(RuntimeError):
@@ -204,14 +208,11 @@ def run_answer(job: AnswerJob) -> dict:
     nor dead letters (``reconcile``).
     """
     job.validate()
+    if job.stream is not None:
+        from specrag.pipelines.streaming import run_streaming_answer
+        return run_streaming_answer(job)
     out = job.output
-    if not (job.resume or job.overwrite):
-        # (an identity file alone is a run that produced nothing: there is nothing to lose)
-        earlier = [name for name, pattern in (("results", "results-*.parquet"), ("dead letters", "dead_letters-*.parquet"),
-                                              ("a manifest", "manifest.json")) if match_files(join(out, pattern))]
-        if earlier:
-            raise ValueError(f"{out} already holds an earlier run ({', '.join(earlier)}): pass --resume to complete "
-                             "that run, --overwrite to replace it, or choose another --output")
+    refuse_earlier_run(job)
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
     inputs = dataset_fingerprint(expand_inputs(job.queries))
@@ -241,6 +242,18 @@ def run_answer(job: AnswerJob) -> dict:
                         f"ended as dead letters ({manifest['dead_letter_share']:.0%} > --max-failure-fraction "
                         f"{job.max_failure_fraction}, over every attempt of the run); outputs and manifest are in {out}")
     return manifest
+
+
+def refuse_earlier_run(job: AnswerJob) -> None:
+    """An earlier run's outputs are kept unless --resume or --overwrite says what to do with them
+    (an identity file alone is a run that produced nothing: there is nothing to lose)."""
+    out = job.output
+    if not (job.resume or job.overwrite):
+        earlier = [name for name, pattern in (("results", "results-*.parquet"), ("dead letters", "dead_letters-*.parquet"),
+                                              ("a manifest", "manifest.json")) if match_files(join(out, pattern))]
+        if earlier:
+            raise ValueError(f"{out} already holds an earlier run ({', '.join(earlier)}): pass --resume to complete "
+                             "that run, --overwrite to replace it, or choose another --output")
 
 
 def _run_files(out: str) -> list[str]:

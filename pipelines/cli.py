@@ -148,11 +148,16 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
     from specrag.methods import create_method
     from specrag.methods.base import parse_settings
     from specrag.pipelines.answer import AnswerJob
-    from specrag.pipelines.options import AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions
+    from apache_beam.options.pipeline_options import StandardOptions
+    from specrag.pipelines.options import AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions, StreamOptions
+    from specrag.pipelines.streaming import check_streaming_input
     options, beam_args = _job_options(flags)
     a, o, r = options.view_as(AnswerOptions), options.view_as(OutputOptions), options.view_as(ReplaceOptions)
     a.validate()
     r.validate()
+    streaming = bool(options.view_as(StandardOptions).streaming)
+    stream = options.view_as(StreamOptions).settings() if streaming else None
+    check_streaming_input(a.queries, streaming, options.view_as(StandardOptions).runner or "", stream)
     name = method_name or a.method
     if method_name and a.method not in ("standard", method_name):  # standard: the flag's default
         raise ValueError(f"{command} runs method {method_name!r}; drop --method {a.method}")
@@ -162,7 +167,7 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
                      num_shards=a.shards, beam_args=beam_args, resume=o.resume,
                      overwrite=r.overwrite, execution=a.execution,
                      max_failure_fraction=r.max_failure_fraction, gather_timeout_s=a.gather_timeout,
-                     shard_rows=a.shard_rows, bad_files=o.bad_files)
+                     shard_rows=a.shard_rows, bad_files=o.bad_files, stream=stream)
 
 
 def _run_answer_flags(flags, command: str, method_name: str | None = None):
@@ -183,7 +188,12 @@ def cmd_answer(args, flags) -> int:
         return 1
     from specrag.pipelines.answer import reconciliation_line
     print(f"wrote {out} ({manifest['wall_s']} s); manifest: {out.rstrip('/')}/manifest.json")
-    print(f"reconciliation: {reconciliation_line(manifest['reconciliation'])}")
+    if manifest.get("mode") == "streaming":
+        account = manifest["account"]
+        print(f"stream stopped: {account['results']} ids answered, {account['dead_letters']} dead letters, "
+              f"{len(manifest['windows'])} windows")
+    else:
+        print(f"reconciliation: {reconciliation_line(manifest['reconciliation'])}")
     return 0
 
 

@@ -155,6 +155,37 @@ class ReplaceOptions(PipelineOptions):
             raise ValueError(f"--max-failure-fraction must be in [0, 1], got {self.max_failure_fraction}")
 
 
+class StreamOptions(PipelineOptions):
+    """`specrag answer --streaming` (Beam's flag): an unbounded source answered as it arrives."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("streaming (with --streaming; --queries a folder/, a glob, or "
+                                          "pubsub:projects/P/subscriptions/S)")
+        _flag(group, "window", type=float, default=60.0,
+              help="event-time window in seconds: results and manifest counts are written per window")
+        _flag(group, "allowed_lateness", type=float, default=600.0,
+              help="seconds a row's event time may lag its arrival; a later row is a 'late' dead letter")
+        _flag(group, "dedupe_horizon", type=float, default=86400.0,
+              help="seconds (event time) an admitted id is remembered: a row with it is a repeat or a duplicate")
+        _flag(group, "poll_interval", type=float, default=10.0, help="seconds between two listings of a watched folder")
+        _flag(group, "stop_after", type=float, default=None,
+              help="stop watching after this many seconds (default: run until cancelled)")
+        _flag(group, "event_time_field", default=None,
+              help="a row field holding its event time (epoch seconds or ISO 8601); default: when it arrived")
+        _flag(group, "pubsub_timestamp_attribute", default=None,
+              help="Pub/Sub: the message attribute holding its event time (default: the publish time)")
+
+    def settings(self):
+        from specrag.pipelines.streaming import StreamSettings
+        stream = StreamSettings(window_s=self.window, allowed_lateness_s=self.allowed_lateness,
+                                dedupe_horizon_s=self.dedupe_horizon, poll_interval_s=self.poll_interval,
+                                stop_after_s=self.stop_after, event_time_field=self.event_time_field,
+                                timestamp_attribute=self.pubsub_timestamp_attribute)
+        stream.validate()
+        return stream
+
+
 class AnswerOptions(PipelineOptions):
     """`specrag answer`: queries in, a method's answers out (--output and friends: OutputOptions)."""
 
@@ -330,8 +361,10 @@ def _visible(flag: str, value: str, remote_only: bool) -> str:
         role, _, spec = value.partition("=")
         return f"{role}={os.path.abspath(spec)}" if spec and not os.path.isabs(spec) and os.path.exists(spec) \
             else value
-    if not value or not is_local(value):
+    if not value or not is_local(value) or value.startswith("pubsub:"):
         return value
+    if value.endswith("/"):  # a folder (a streaming job watches it): keep the slash that says so
+        return os.path.abspath(value) + "/" if not remote_only else _visible(flag, value.rstrip("/"), True)
     if remote_only:
         raise ValueError(f"--{flag.replace('_', '-')} {value} is a local path, which Dataflow's workers cannot "
                          "read or write: give a gs:// (or other shared filesystem) path")
@@ -382,7 +415,7 @@ def new_pipeline(beam_args: tuple[str, ...] | list[str]):
 
 
 JOB_OPTIONS = {
-    "answer": (AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions),
+    "answer": (AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions, StreamOptions),
     "extract-triplets": (ExtractTripletsOptions, CorpusOptions, OutputOptions, ReplaceOptions, RuntimeOptions),
     "build-index": (BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),
     "build-datastore": (BuildDatastoreOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),

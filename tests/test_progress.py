@@ -15,6 +15,9 @@ def test_progress_line_says_done_rate_eta_and_dead_letters():
         "answer sps: 340/1000 queries (34%) · 2.00 queries/s · ETA 5m30s · 10 dead letters"
     assert progress_line("build-index", 5, 1, None, None, "passages") == "build-index: 6 passages · 1 dead letter"
     assert progress_line("x", 10, 0, 10, 4.0, "queries") == "x: 10/10 queries (100%) · 4.00 queries/s · 0 dead letters"
+    # a job without an end (streaming): the rate over the last minutes and what is in flight
+    assert progress_line("answer (streaming)", 40, 2, None, 0.5, "queries", in_flight=7, rate_window_s=300) == \
+        "answer (streaming): 42 queries · 0.50 queries/s over 5m00s · 7 in flight · 2 dead letters"
 
 
 def test_watcher_sums_workers_and_keeps_a_half_written_files_last_value(tmp_path):
@@ -24,9 +27,9 @@ def test_watcher_sums_workers_and_keeps_a_half_written_files_last_value(tmp_path
     (folder / "done-b.json").write_text(json.dumps({"n": 5}))
     (folder / "dead-c.json").write_text(json.dumps({"n": 2}))
     seen = {}
-    assert read_progress(str(folder), seen) == {"done": 12, "dead": 2}
+    assert read_progress(str(folder), seen) == {"done": 12, "dead": 2, "admitted": 0, "failed": 0}
     (folder / "done-a.json").write_text('{"n": ')  # being replaced
-    assert read_progress(str(folder), seen) == {"done": 12, "dead": 2}
+    assert read_progress(str(folder), seen) == {"done": 12, "dead": 2, "admitted": 0, "failed": 0}
     (folder / "done-a.json").write_text(json.dumps({"n": 7}))
     watcher = ProgressWatcher("answer", str(folder), 100, interval_s=0)
     assert watcher.poll() == "answer: 14/100 queries (14%) · 2 dead letters"
@@ -44,7 +47,7 @@ def test_a_beam_job_reports_its_counts_and_leaves_no_progress_files(tmp_path):
             rows = p | beam.Create(range(53))
             _ = rows | beam.Filter(lambda x: x % 10) | "Done" >> CountProgress(progress_dir(str(out)), "done", 0.0)
             _ = rows | beam.Filter(lambda x: x % 10 == 0) | "Dead" >> CountProgress(progress_dir(str(out)), "dead")
-    assert watcher.counts == {"done": 47, "dead": 6}
+    assert watcher.counts == {"done": 47, "dead": 6, "admitted": 0, "failed": 0}
     last = stream.getvalue().strip().splitlines()[-1]
     assert last.startswith("toy: finished 47 rows, 6 dead letters in ")
     assert not (out / ".progress").exists()

@@ -27,7 +27,7 @@ import apache_beam as beam
 from specrag.transforms.files import delete, join, match_files, mkdirs, open_parquet, read_text, write_text
 
 PROGRESS_DIR = ".progress"
-KINDS = ("done", "dead")
+KINDS = ("done", "dead", "admitted", "failed")  # admitted / failed: a streaming job's queries in, failed in a stage
 
 
 def progress_dir(output: str) -> str:
@@ -126,15 +126,19 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def progress_line(job: str, done: int, dead: int, total: int | None, rate: float | None, unit: str) -> str:
-    """`answer: 340/1000 queries (34%) · 2.10 queries/s · ETA 5m14s · 3 dead letters`"""
+def progress_line(job: str, done: int, dead: int, total: int | None, rate: float | None, unit: str,
+                  in_flight: int | None = None, rate_window_s: float = 60.0) -> str:
+    """`answer: 340/1000 queries (34%) · 2.10 queries/s · ETA 5m14s · 3 dead letters`; a job
+    without an end (streaming): `answer: 340 queries · 2.10 queries/s over 5m · 12 in flight · ...`"""
     finished = done + dead
     parts = [f"{job}: {finished}/{total} {unit} ({100 * finished / total:.0f}%)" if total
              else f"{job}: {finished} {unit}"]
     if rate:
-        parts.append(f"{rate:.2f} {unit}/s")
+        parts.append(f"{rate:.2f} {unit}/s" + (f" over {_duration(rate_window_s)}" if in_flight is not None else ""))
         if total and total > finished:
             parts.append(f"ETA {_duration((total - finished) / rate)}")
+    if in_flight is not None:
+        parts.append(f"{in_flight} in flight")
     parts.append(f"{dead} dead letter{'s' if dead != 1 else ''}")
     return " · ".join(parts)
 
@@ -164,7 +168,11 @@ class ProgressWatcher:
         (t0, n0), rate = self._samples[0], None
         if now > t0 and finished > n0:
             rate = (finished - n0) / (now - t0)
-        return progress_line(self.job, self.counts["done"], self.counts["dead"], self.total, rate, self.unit)
+        in_flight = None
+        if self.counts["admitted"]:  # a streaming job: what is admitted but not yet written
+            in_flight = max(0, self.counts["admitted"] - self.counts["done"] - self.counts["failed"])
+        return progress_line(self.job, self.counts["done"], self.counts["dead"], self.total, rate, self.unit,
+                             in_flight, self.window_s)
 
     def _loop(self):
         last = None
@@ -195,13 +203,14 @@ class ProgressWatcher:
 
 @contextlib.contextmanager
 def watch_progress(job: str, output: str, total: int | None, unit: str = "queries",
-                   interval_s: float | None = None, stream: TextIO | None = None) -> Iterator[ProgressWatcher]:
+                   interval_s: float | None = None, stream: TextIO | None = None,
+                   rate_window_s: float = 60.0) -> Iterator[ProgressWatcher]:
     """Around a job's run: a fresh progress folder under ``output``, a console line every few
     seconds while the job runs, a final line, and the folder removed."""
     folder = progress_dir(output)
     delete(match_files(join(folder, "*")))
     mkdirs(folder)
-    watcher = ProgressWatcher(job, folder, total, unit, interval_s, stream).start()
+    watcher = ProgressWatcher(job, folder, total, unit, interval_s, stream, rate_window_s).start()
     try:
         yield watcher
     finally:

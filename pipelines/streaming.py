@@ -1,0 +1,275 @@
+"""`specrag answer --streaming`: queries answered as they arrive, from a source that never ends.
+
+The graph: an unbounded source (new files under a glob, or Pub/Sub; transforms/streams.py) →
+AdmitQueries (validation and the lateness policy, per row: no global GroupByKey, which would never
+fire) → DedupeIds (keyed by id in the global window, bounded expiring state; ids an earlier run
+into this output answered are skipped) → event-time FixedWindows → the method's segments on the
+same per-worker engine as batch → WriteResults / WriteDeadLetters, one set of committed shards
+per window (``results-stream-w<window start>-*.parquet``) → WindowCounts, folded into
+``manifest.json`` once per window (and per late firing) by one keyed step, so a job that never
+ends still says what it has done. The manifest is written when the job starts.
+
+Stopping and starting again over the same output (``--resume``) answers each query once: the
+ids in its results are skipped, as a batch resume skips them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Tuple
+
+import apache_beam as beam
+from apache_beam.coders import StrUtf8Coder
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+from apache_beam.transforms.window import FixedWindows, GlobalWindows
+from apache_beam.utils.shared import Shared
+from apache_beam.utils.timestamp import Duration
+
+from specrag.methods.base import QueryState
+from specrag.schemas.tables import DEAD_LETTERS
+from specrag.schemas.validation import validate_query
+from specrag.transforms.files import join, match_files, read_parquet, write_text
+from specrag.transforms.progress import CountProgress, progress_dir
+from specrag.transforms.records import DEAD
+from specrag.transforms.sinks import WriteParquetShards
+from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
+from specrag.transforms.streams import (AdmitRows, DedupeIds, PubSubQueries, WatchQueryFiles, can_watch, is_pubsub,
+                                        watch_pattern)
+from specrag.transforms.validate import ReadIds
+
+STREAM_PREFIX = "stream"  # results-stream-w...: a streaming run's shards, beside a batch run's results-000-...
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    window_s: float = 60.0  # event-time window: results and manifest counts per window
+    allowed_lateness_s: float = 600.0  # a row this much behind its arrival is a "late" dead letter
+    dedupe_horizon_s: float = 86400.0  # how long (event time) an answered id is remembered
+    poll_interval_s: float = 10.0  # how often a watched folder is listed
+    stop_after_s: float | None = None  # stop watching after this long (None: until cancelled)
+    event_time_field: str | None = None  # a row field holding its event time (else: when it arrived)
+    timestamp_attribute: str | None = None  # Pub/Sub: the message attribute holding its event time
+
+    def validate(self) -> None:
+        for name in ("window_s", "poll_interval_s", "dedupe_horizon_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name[:-2].replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.allowed_lateness_s < 0:
+            raise ValueError(f"--allowed-lateness must be >= 0 seconds, got {self.allowed_lateness_s}")
+        if self.stop_after_s is not None and self.stop_after_s <= 0:
+            raise ValueError(f"--stop-after must be > 0 seconds, got {self.stop_after_s}")
+
+
+def check_streaming_input(queries: str, streaming: bool, runner: str, stream: StreamSettings | None) -> None:
+    """The clear errors a streaming run (or a batch run of an unbounded source) gets at start."""
+    if is_pubsub(queries) and not streaming:
+        raise ValueError(f"--queries {queries} is a Pub/Sub source, which never ends: pass --streaming")
+    if not streaming:
+        return
+    if not (is_pubsub(queries) or can_watch(queries)):
+        raise ValueError(f"--streaming watches a folder or glob for new query files, or reads Pub/Sub "
+                         f"(--queries pubsub:projects/P/subscriptions/S); {queries!r} is one file: name its folder "
+                         "(a trailing /) or a glob, or drop --streaming to answer it as a batch job")
+    name = runner.rsplit(".", 1)[-1]
+    if name == "FnApiRunner" and stream is not None and stream.stop_after_s is None:
+        log.warning("--streaming on the FnApiRunner: it answers each poll round's new files as they land, but "
+                    "moves the watermark to the end of time after every round, so answered ids are remembered "
+                    "for the job's life instead of --dedupe-horizon (memory grows with the ids answered); "
+                    "for a job that runs for days use DataflowRunner or FlinkRunner")
+    if is_pubsub(queries) and name == "FnApiRunner":
+        raise ValueError("a Pub/Sub source needs a runner that streams (DataflowRunner, or the DirectRunner, "
+                         "which reads Pub/Sub on its streaming runner)")
+
+
+def query_source(queries: str, stream: StreamSettings) -> beam.PTransform:
+    if is_pubsub(queries):
+        return PubSubQueries(queries, stream.timestamp_attribute)
+    return WatchQueryFiles(watch_pattern(queries), stream.poll_interval_s, stream.stop_after_s)
+
+
+def _windows(stream: StreamSettings) -> beam.WindowInto:
+    return beam.WindowInto(FixedWindows(stream.window_s), allowed_lateness=Duration.of(stream.allowed_lateness_s))
+
+
+class _WindowCount(beam.DoFn):
+    def process(self, kv, window=beam.DoFn.WindowParam):
+        kind, n = kv
+        yield ("manifest", (window.start.to_rfc3339(), window.end.to_rfc3339(), kind, n))
+
+
+class UpdateManifest(beam.DoFn):
+    """Folds each window's counts into ``manifest.json``: one key, so one update at a time."""
+
+    COUNTS = ReadModifyWriteStateSpec("counts", StrUtf8Coder())
+
+    def __init__(self, output: str, base: dict):
+        self.output, self.base = output, base
+
+    def process(self, element, counts=beam.DoFn.StateParam(COUNTS)):
+        _, (start, end, kind, n) = element
+        state = json.loads(counts.read() or '{"windows": {}, "totals": {}}')
+        window = state["windows"].setdefault(start, {"end": end, "results": 0, "dead_letters": 0})
+        window[kind] += n
+        state["totals"][kind] = state["totals"].get(kind, 0) + n
+        counts.write(json.dumps(state))
+        write_text(join(self.output, "manifest.json"), json.dumps(
+            {**self.base, "status": "running", "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "windows": dict(sorted(state["windows"].items())), "totals_so_far": state["totals"]},
+            indent=2, sort_keys=True, default=str))
+
+
+def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSettings, *, rows=None,
+                                    finished_files: list[str] = (), fingerprint: str = "",
+                                    lease_token: str | None = None, manifest_base: dict | None = None) -> None:
+    """The streaming job's graph. ``rows``: an unbounded PCollection of query rows (a test's
+    TestStream); by default the job's own source."""
+    from specrag.pipelines.answer import _count, _count_dead, _result_row
+    out = job.output
+    if rows is None:
+        rows = p | "Queries" >> query_source(job.queries, stream)
+    validator = functools.partial(validate_query, task_types=job.method.task_types)
+    admitted = rows | "AdmitQueries" >> beam.ParDo(AdmitRows(
+        validator, stream.allowed_lateness_s, stream.event_time_field)).with_outputs(DEAD, main="valid")
+    # The FnApiRunner runs a streaming job in rounds, one per poll, and moves the watermark to the
+    # end of time after each (an expiry timer would fire at once): its runs are bounded
+    # (--stop-after), so the dedupe state lives as long as the job there
+    horizon = None if runner_name(job.beam_args) == "FnApiRunner" else stream.dedupe_horizon_s
+    finished = (p | "ReadFinished" >> ReadIds(list(finished_files)) if finished_files
+                else p | "NoneFinished" >> beam.Create([]))
+    deduped = (admitted.valid
+               | "TypedIds" >> beam.Map(lambda kv: kv).with_output_types(Tuple[str, Any])
+               | "DedupeIds" >> beam.ParDo(DedupeIds(horizon), beam.pvalue.AsDict(
+                   finished | "AsKeys" >> beam.Map(lambda qid: (qid, True)))).with_outputs(DEAD, main="valid"))
+    progress = progress_dir(out)
+    keyed = (deduped.valid
+             | "ProgressAdmitted" >> CountProgress(progress, "admitted")
+             | "Windows" >> _windows(stream)
+             | "CountQueries" >> beam.Map(_count("queries_in"))
+             | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
+    dead = [admitted[DEAD] | "WindowRejected" >> _windows(stream), deduped[DEAD] | "WindowDuplicates" >> _windows(stream)]
+    shared = Shared()
+    failed = []
+    for segment in method_segments(job.method.stages()):
+        keyed, stage_dead = keyed | segment_label(segment) >> RunSegment(
+            segment, job.runtime, shared, execution="streaming", gather_timeout_s=job.gather_timeout_s)
+        failed.extend(stage_dead)
+    failed = failed | "FlattenFailed" >> beam.Flatten() | "ProgressFailed" >> CountProgress(progress, "failed")
+    results = (keyed | "ToResultRows" >> beam.Map(_result_row, job.method.name, fingerprint)
+               | "ProgressAnswered" >> CountProgress(progress, "done"))
+    dead_rows = ([*dead, failed] | "FlattenDeadLetters" >> beam.Flatten() | "CountDeadLetters" >> beam.Map(_count_dead)
+                 | "ProgressDead" >> CountProgress(progress, "dead"))
+    _ = results | "WriteResults" >> WriteParquetShards(join(out, f"results-{STREAM_PREFIX}"), job.method.results_schema(),
+                                                       job.shard_rows, counter="results", lease_token=lease_token,
+                                                       windowed=True)
+    _ = dead_rows | "WriteDeadLetters" >> WriteParquetShards(join(out, f"dead_letters-{STREAM_PREFIX}"), DEAD_LETTERS,
+                                                             job.shard_rows, counter="dead_letters",
+                                                             lease_token=lease_token, windowed=True)
+    counts = ((results | "OneResult" >> beam.Map(lambda _: ("results", 1)),
+               dead_rows | "OneDeadLetter" >> beam.Map(lambda _: ("dead_letters", 1)))
+              | "AllRows" >> beam.Flatten()
+              | "PerWindow" >> beam.CombinePerKey(sum))
+    _ = (counts
+         | "WindowCounts" >> beam.ParDo(_WindowCount())
+         | "ToGlobalWindow" >> beam.WindowInto(GlobalWindows())
+         | "UpdateManifest" >> beam.ParDo(UpdateManifest(out, manifest_base or {})))
+
+
+def runner_name(beam_args) -> str:
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    return (PipelineOptions(list(beam_args)).view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
+
+
+def finished_ids_files(out: str) -> list[str]:
+    """Every result file in the output, batch or streaming: their ids are not answered again."""
+    return match_files(join(out, "results-*.parquet"))
+
+
+def stream_account(out: str) -> dict:
+    """What the output holds once a streaming run stops: distinct ids answered (all runs into
+    it), and this run's dead letters."""
+    ids = [i for f in finished_ids_files(out) for i in read_parquet(f, columns=["id"]).column("id").to_pylist()]
+    dead = sum(read_parquet(f, columns=["id"]).num_rows
+               for f in match_files(join(out, f"dead_letters-{STREAM_PREFIX}-*.parquet")))
+    return {"results": len(set(ids)), "duplicated": len(ids) - len(set(ids)), "dead_letters": dead}
+
+
+def window_counts(out: str, window_s: float) -> dict:
+    """Rows per window from the shards' names (``-w<start>-``): exact on every runner once the
+    job has stopped (the running manifest's counts come from per-window firings)."""
+    from datetime import datetime, timedelta, timezone
+    windows: dict = {}
+    for kind in ("results", "dead_letters"):
+        for f in match_files(join(out, f"{kind}-{STREAM_PREFIX}-w*.parquet")):
+            tag = f.rsplit("/", 1)[-1].split("-")[2][1:]
+            start = datetime.strptime(tag, "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc)
+            key = start.strftime("%Y-%m-%dT%H:%M:%SZ")
+            entry = windows.setdefault(key, {"end": (start + timedelta(seconds=window_s)).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"), "results": 0, "dead_letters": 0})
+            entry[kind] += read_parquet(f, columns=["id"]).num_rows
+    return dict(sorted(windows.items()))
+
+
+def settings_manifest(stream: StreamSettings) -> dict:
+    return {"streaming": asdict(stream)}
+
+
+def run_streaming_answer(job, rows=None) -> dict:
+    """Run ``job`` (an AnswerJob with ``stream`` settings) until its source stops (``--stop-after``,
+    a test's TestStream) or it is cancelled; returns the final manifest. ``rows``: a callable
+    pipeline → unbounded PCollection of query rows, in place of the job's source (tests).
+
+    The output folder follows the batch rules: an earlier run is kept unless ``--resume`` (its
+    answered ids are skipped) or ``--overwrite`` (set aside, restored if this run fails)."""
+    from specrag.pipelines.answer import (IDENTITY_FILE, INPUTS_FILE, _run_files, check_resumable, refuse_earlier_run,
+                                          run_fingerprint, run_identity)
+    from specrag.pipelines.manifest import job_counters, write_manifest
+    from specrag.pipelines.options import new_pipeline
+    from specrag.transforms.files import delete, mkdirs, remove_tree, restore, set_aside
+    from specrag.transforms.lease import Lease
+    from specrag.transforms.progress import watch_progress
+    stream: StreamSettings = job.stream
+    out = job.output
+    refuse_earlier_run(job)
+    identity = run_identity(job)
+    fingerprint = run_fingerprint(identity)
+    if job.resume:
+        check_resumable(out, identity)
+    mkdirs(out)
+    with Lease(out) as lease:
+        aside = set_aside(out, _run_files(out)) if job.overwrite and not job.resume else None
+        try:
+            write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
+            write_text(join(out, INPUTS_FILE), json.dumps([{"stream": job.queries}], indent=2))
+            done = finished_ids_files(out) if job.resume else []
+            if not is_pubsub(job.queries):  # a restarted watch reads its files again: their rows are judged again
+                delete(match_files(join(out, f"dead_letters-{STREAM_PREFIX}-*.parquet")))
+            base = {"job": "answer", "mode": "streaming", "method": job.method.name,
+                    "method_config": job.method.config.to_dict(), "run_fingerprint": fingerprint,
+                    "identity": identity, "runtime": job.runtime.to_dict(), "source": job.queries,
+                    "beam_args": list(job.beam_args), **settings_manifest(stream),
+                    "resumed": {"earlier_result_files": len(done)} if job.resume else None,
+                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **job.extra_manifest}
+            write_manifest(out, {**base, "status": "running"})
+            started = time.time()
+            p = new_pipeline(job.beam_args)
+            build_streaming_answer_pipeline(p, job, stream, rows=rows(p) if rows else None, finished_files=done,
+                                            fingerprint=fingerprint, lease_token=lease.token, manifest_base=base)
+            with watch_progress(f"answer {job.method.name} (streaming)", out, None, rate_window_s=300):
+                result = p.run()
+                result.wait_until_finish()
+            manifest = write_manifest(out, {
+                **base, "status": "stopped", "wall_s": round(time.time() - started, 3),
+                "windows": window_counts(out, stream.window_s), "counters": job_counters(result, NAMESPACE),
+                "account": stream_account(out)})
+        except BaseException:
+            if aside:
+                restore(out, aside, _run_files(out))
+            raise
+        if aside:
+            remove_tree(aside)
+    return manifest
+
