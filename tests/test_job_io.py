@@ -228,7 +228,8 @@ def test_flex_template_parameters_become_one_answer_command():
         entry.answer_argv(["--resume=yes"])
     import argparse
     parser = argparse.ArgumentParser()
-    for cls in JOB_OPTIONS["answer"]:
+    from apache_beam.options.pipeline_options import StandardOptions
+    for cls in (*JOB_OPTIONS["answer"], StandardOptions):
         cls._add_argparse_args(parser)  # noqa: SLF001
     known = {a.dest for a in parser._actions}  # noqa: SLF001
     parameters = json.loads((folder / "metadata.json").read_text())["parameters"]

@@ -3,14 +3,14 @@
 Dataflow passes each parameter as ``--name=value``. A template parameter holds one value, so the
 repeatable flags come as comma-separated lists: ``settings`` (``top_k=10,max_new_tokens=64``,
 each a ``--set``) and ``models`` (``generator=NAME,embedder=NAME``, each a ``--model``); switches
-take ``true``/``false`` (``resume=true`` is ``--resume``).
+take ``true``/``false`` (``resume=true`` is ``--resume``, ``streaming=true`` Beam's ``--streaming``).
 """
 import sys
 
 from specrag.pipelines.cli import main
 
 REPEATED = {"--settings": "--set", "--models": "--model"}
-SWITCHES = {"--resume", "--overwrite"}
+SWITCHES = {"--resume", "--overwrite", "--streaming"}
 
 
 def answer_argv(argv: list[str]) -> list[str]:
