@@ -61,6 +61,12 @@ def job_counters(result, namespace: str) -> dict[str, int]:
     from apache_beam.metrics.metric import MetricsFilter
     try:
         metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))
+    except RecursionError:
+        # the FnApiRunner folds its bundles' metrics in nested generators, one level per bundle: a
+        # streaming job's many poll rounds go past Python's default depth
+        metrics = _deep(lambda: result.metrics().query(MetricsFilter().with_namespace(namespace)))
+        if metrics is None:
+            return {}
     except Exception:  # a runner without metrics support
         return {}
     out: dict[str, int] = {}
@@ -68,3 +74,23 @@ def job_counters(result, namespace: str) -> dict[str, int]:
         value = c.committed if c.committed is not None else c.attempted
         out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
     return dict(sorted(out.items()))
+
+
+def _deep(fn):
+    """fn() with room for deep recursion (a thread with a large stack), or None if it still fails."""
+    import sys
+    import threading
+    out: list = []
+    limit, size = sys.getrecursionlimit(), threading.stack_size()
+    try:
+        sys.setrecursionlimit(200_000)
+        threading.stack_size(512 * 1024 * 1024)
+        worker = threading.Thread(target=lambda: out.append(fn()))
+        worker.start()
+        worker.join()
+    except Exception:
+        return None
+    finally:
+        sys.setrecursionlimit(limit)
+        threading.stack_size(size)
+    return out[0] if out else None

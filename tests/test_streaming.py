@@ -105,7 +105,7 @@ def test_pubsub_messages_are_parsed_into_queries_and_bad_messages_are_dead_lette
 def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(tmp_path):
     """Files dropped into a folder while the job runs (Parquet and JSON lines, one copied under
     another name, one with a line that is not JSON) are each read once; every id is answered
-    once. On the FnApiRunner the job answers once the watch stops (--stop-after)."""
+    once, each poll round's new files as they land; --stop-after ends the job."""
     import shutil
     import threading
     import time
@@ -114,13 +114,16 @@ def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(
     table = lambda rows: pa.Table.from_pylist([{"id": i, "question": q} for i, q in rows], schema=QUERIES)  # noqa: E731
     pq.write_table(table([("a", "first"), ("b", "second")]), incoming / "early.parquet")
 
-    def drop():
-        while not (out / "manifest.json").exists():  # written as the job starts
+    def shards(n):  # wait until the job has written n results shards
+        deadline = time.time() + 30
+        while len(list(out.glob("results-stream-*.parquet"))) < n and time.time() < deadline:
             time.sleep(0.1)
-        time.sleep(1.5)
+
+    def drop():
+        shards(1)  # the first file's answers are written while the job runs ...
         pq.write_table(table([("c", "third")]), tmp_path / "late.parquet")
-        shutil.move(tmp_path / "late.parquet", incoming / "late.parquet")  # whole files appear at once
-        time.sleep(1.5)
+        shutil.move(tmp_path / "late.parquet", incoming / "late.parquet")  # ... before the next file exists
+        shards(2)
         shutil.copy(incoming / "early.parquet", incoming / "early-copy.parquet")  # the same rows again
         (incoming / "more.jsonl").write_text('{"id": "d", "question": "fourth"}\nnot json\n')
         while not done.is_set():  # the manifest while the job runs: counts per window so far
@@ -134,7 +137,7 @@ def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(
     done, seen = threading.Event(), []
     out = tmp_path / "out"
     threading.Thread(target=drop, daemon=True).start()
-    stream = StreamSettings(window_s=60, allowed_lateness_s=600, poll_interval_s=0.5, stop_after_s=6)
+    stream = StreamSettings(window_s=60, allowed_lateness_s=600, poll_interval_s=0.5, stop_after_s=12)
     manifest = run_answer(AnswerJob(f"{incoming}/", str(out), Echo(MethodConfig()), RuntimeConfig(models=()),
                                     beam_args=("--runner=FnApiRunner", "--streaming"), stream=stream))
     done.set()
@@ -144,9 +147,9 @@ def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(
     assert [(d["stage"], d["message"].split(" (")[0]) for d in dead] == [("read", "line 2 is not JSON")]
     assert manifest["counters"]["files_read"] == 4 and manifest["counters"]["repeated_rows"] == 2
     assert manifest["account"] == {"results": 4, "duplicated": 0, "dead_letters": 1}
-    # answered as the files landed (a shard per poll round that found new rows), not once at the end
-    written = sorted(f.stat().st_mtime for f in out.glob("results-stream-*.parquet"))
-    assert len(written) >= 2 and written[-1] - written[0] > 1.0, written
+    # answered as the files landed, a shard per poll round that found new rows, not once at the end
+    written = sorted(out.glob("results-stream-*.parquet"))
+    assert [pq.read_table(f).column("id").to_pylist() for f in written] == [["a", "b"], ["c"], ["d"]]
     assert seen and seen[-1]["results"] >= 3  # the running manifest said what was done so far
 
 
