@@ -31,7 +31,7 @@ from apache_beam.utils.timestamp import Duration
 from specrag.methods.base import QueryState
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
-from specrag.transforms.files import join, match_files, read_parquet, write_text
+from specrag.transforms.files import join, match_files, read_parquet, read_text, write_text
 from specrag.transforms.progress import CountProgress, progress_dir
 from specrag.transforms.records import DEAD
 from specrag.transforms.sinks import WriteParquetShards
@@ -261,10 +261,13 @@ def run_streaming_answer(job, rows=None) -> dict:
             with watch_progress(f"answer {job.method.name} (streaming)", out, None, rate_window_s=300):
                 result = p.run()
                 result.wait_until_finish()
+            running = json.loads(read_text(join(out, "manifest.json")))
             manifest = write_manifest(out, {
                 **base, "status": "stopped", "wall_s": round(time.time() - started, 3),
-                "windows": window_counts(out, stream.window_s), "counters": job_counters(result, NAMESPACE),
-                "account": stream_account(out)})
+                "windows": window_counts(out, stream.window_s),
+                # what the per-window updates said while the job ran (exact on a streaming runner)
+                "windows_reported": running.get("windows", {}),
+                "counters": job_counters(result, NAMESPACE), "account": stream_account(out)})
         except BaseException:
             if aside:
                 restore(out, aside, _run_files(out))

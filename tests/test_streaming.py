@@ -63,6 +63,7 @@ def test_a_stream_across_windows_answers_each_query_once_as_the_batch_job_does(t
     # one set of shards per window, and the manifest's per-window counts add up
     windows = manifest["windows"]
     assert [w["results"] for w in windows.values() if w["results"]] == [2, 1, 1]
+    assert manifest["windows_reported"] == windows  # the running manifest's per-window updates were exact
     assert sum(w["dead_letters"] for w in windows.values()) == 4
     assert len({f.name.split("-")[2] for f in out.glob("results-stream-w*.parquet")}) == 3
     assert manifest["status"] == "stopped" and manifest["account"] == {"results": 4, "duplicated": 0,
