@@ -67,9 +67,12 @@ def summarise(report_json: Path, report_dir: str) -> None:
         for d in datasets:
             for x in report["baselines"].get(d, []):
                 if x["method"] == label:
+                    ratio = x.get("latency_ratio")
+                    if ratio is not None and x.get("same_machine") is False:  # not a claim: left out of it
+                        ratio = f"{ratio} (different machines)"
                     against.append({"method": label, "baseline": x["baseline"], "dataset": d, "n": x["n"],
                                     "difference": f"{x['difference']:+.1f} [{x['ci95'][0]:+.1f}, {x['ci95'][1]:+.1f}]",
-                                    "latency_ratio": x.get("latency_ratio"), "same": x.get("same_answers")})
+                                    "latency_ratio": ratio, "same": x.get("same_answers")})
     claims = {}
     for key, (method, baseline, what) in CLAIMS.items():
         xs = [x[what] for x in comparison(report, method, baseline)
@@ -82,9 +85,24 @@ def summarise(report_json: Path, report_dir: str) -> None:
             *markdown_table(table, ["method", *datasets]), "",
             "## Against the baselines (difference in points [paired 95% interval], latency ratio, same answers)",
             "", *markdown_table(against, ["method", "baseline", "dataset", "n", "difference", "latency_ratio", "same"])]
+    machines: dict[str, list[str]] = {}  # where each run was made: latencies compare only on one machine
+    for d, by_label in report.get("manifests", {}).items():
+        for label, manifest in by_label.items():
+            m = (manifest or {}).get("machine") or {}
+            key = f"{m.get('cpu', '?')} ({' '.join(m.get('isa') or []) or 'no flags recorded'}), {m.get('cores', '?')} cores"
+            machines.setdefault(key, []).append(f"{d} × {label}")
+    made_on = "; ".join(f"{k}: {', '.join(v)}" for k, v in machines.items())
     publish(str(RESULTS), "The verifier regime: Speculative RAG, SPS and AED-RAG with a 1.5B model (verifier.yaml)",
-            f"{machine_line(1)} (this summary). Full report: `{report_dir}/compare.md`.\n",
+            f"{machine_line(1)} (this summary). Full report: `{_shown(report_dir)}/compare.md`.\n\n"
+            f"Runs made on: {made_on}. A latency ratio between runs of two machines is marked and left out "
+            "of the claim line.\n",
             "\n".join(body), " ".join(f"{k}={v}" for k, v in claims.items()))
+
+
+def _shown(folder: str) -> str:
+    """A folder inside the repository as a path from its root (the results file is committed)."""
+    path = Path(folder).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else folder
 
 
 def main() -> None:
