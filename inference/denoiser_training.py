@@ -153,8 +153,9 @@ def _optimiser(model, config: DenoiserTrainingConfig, total_steps: int):
     import torch
     head = [p for n, p in model.named_parameters() if n.startswith("head.")]
     encoder = [p for n, p in model.named_parameters() if not n.startswith("head.")]
-    optimizer = torch.optim.AdamW([{"params": encoder, "lr": config.learning_rate},
-                                   {"params": head, "lr": config.head_learning_rate}], weight_decay=0.01)
+    groups = [{"params": encoder, "lr": config.learning_rate}, {"params": head, "lr": config.head_learning_rate}]
+    # an adapted AR model has no new head: its one group is the whole model
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=0.01)
     warmup = max(1, int(config.warmup_ratio * total_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total_steps - s) / max(1, total_steps - warmup)))
@@ -174,28 +175,41 @@ def split_held_out(examples: Sequence[TraceExample], share: float, seed: int):
     return [e for e in examples if e.id not in held], [e for e in examples if e.id in held]
 
 
+def adapts_ar_model(base: str) -> bool:
+    """A causal LM base is adapted (inference/ar_denoiser.py); an encoder gets an MLM head."""
+    from specrag.inference.models import model_spec
+    return model_spec(base).kind == "causal-lm"
+
+
 def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], config: DenoiserTrainingConfig,
-                   out_dir: str | Path, *, base_path: Path | None = None,
+                   out_dir: str | Path, *, base_path: Path | None = None, base: str = BASE_MODEL,
                    provenance: dict | None = None) -> DenoiserReport:
     """Stage 1 on passages, stage 2 on traces; evaluate on held-back traces; save the model
-    folder (weights, tokenizer, card, training manifest)."""
+    folder (weights, tokenizer, card, training manifest). ``base``: the encoder (MiniLM, an MLM
+    head is added) or a causal LM (adapted as Dream was: inference/ar_denoiser.py)."""
     import torch
     from transformers import AutoTokenizer
-    from specrag.inference.denoiser import HEAD_FILE, KIND, DenoiserInputs, new_denoiser, save_denoiser
+    from specrag.inference.denoiser import DenoiserInputs, new_denoiser
     from specrag.inference.local import set_torch_threads
-    from specrag.inference.models import CARD, materialise, model_identity
+    from specrag.inference.models import materialise
     config.validate()
     started = time.time()
     set_torch_threads(config.threads)
     torch.manual_seed(config.seed)
-    base_path = base_path or materialise(BASE_MODEL)
-    tokenizer = AutoTokenizer.from_pretrained(base_path)
-    inputs = DenoiserInputs(tokenizer, config.max_positions)
-    model = new_denoiser(base_path, config.seed)
+    base_path = base_path or materialise(base)
+    adapted = adapts_ar_model(base)
+    if adapted:
+        from specrag.inference.ar_denoiser import ARDenoiserInputs, new_ar_denoiser
+        model, tokenizer = new_ar_denoiser(base_path)
+        inputs = ARDenoiserInputs(tokenizer, config.max_positions)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(base_path)
+        inputs = DenoiserInputs(tokenizer, config.max_positions)
+        model = new_denoiser(base_path, config.seed)
     report = DenoiserReport(corpus_passages=len(passages))
     train, held = split_held_out(list(traces), config.held_out, config.seed)
     report.trace_examples, report.held_out_examples = len(train), len(held)
-    room = config.max_positions - config.response_tokens - 3
+    room = config.max_positions - config.response_tokens - (0 if adapted else 3)  # [CLS] [SEP] [SEP]
     encode = lambda e: (inputs.context_ids(e.context), inputs.response_ids(e.response, config.response_tokens))  # noqa: E731
     train_rows, held_rows = [encode(e) for e in train], [encode(e) for e in held]
     report.truncated_contexts = sum(len(c) > room for c, _ in train_rows + held_rows)
@@ -235,19 +249,35 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
                                    for e in range(config.trace_epochs)]
     report.accuracy_trained = accuracy()
     report.wall_s = round(time.time() - started, 3)
-    out = Path(out_dir)
+    save_trained(model, tokenizer, config, report, Path(out_dir), base, adapted, provenance)
+    return report
+
+
+def save_trained(model, tokenizer, config: DenoiserTrainingConfig, report: DenoiserReport, out: Path, base: str,
+                 adapted: bool, provenance: dict | None) -> None:
+    """The model folder: weights, tokenizer, training manifest and the card that says how to load it."""
+    from specrag.inference.denoiser import HEAD_FILE, KIND, save_denoiser
+    from specrag.inference.models import CARD, model_identity
     out.mkdir(parents=True, exist_ok=True)
-    save_denoiser(model, out)
-    tokenizer.save_pretrained(out)
-    manifest = {"training": asdict(config), "report": asdict(report), "base_model": model_identity(BASE_MODEL),
-                "departure": DEPARTURE,
+    if adapted:
+        from specrag.inference.ar_denoiser import DEPARTURE as AR_DEPARTURE, FAMILY, save_ar_denoiser
+        save_ar_denoiser(model, tokenizer, out)
+        departure, family = AR_DEPARTURE, FAMILY
+        description = f"SARDI denoiser ({base} adapted into a masked-diffusion LM, Dream's recipe)"
+    else:
+        save_denoiser(model, out)
+        tokenizer.save_pretrained(out)
+        departure, family = DEPARTURE, "encoder-mlm"
+        description = "SARDI denoiser (MiniLM encoder + tied MLM head, masked diffusion)"
+    manifest = {"training": asdict(config), "report": asdict(report), "base_model": model_identity(base),
+                "departure": departure,
                 "objective": "masked diffusion: t ~ U(eps,1), mask each response position w.p. t, "
                              "CE at masked positions weighted 1/t, / window length",
                 **(provenance or {})}
     (out / "training_manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     (out / CARD).write_text(json.dumps({
-        "kind": KIND, "description": "SARDI denoiser (MiniLM encoder + tied MLM head, masked diffusion)",
-        "max_positions": config.max_positions, "response_tokens": config.response_tokens, "head": HEAD_FILE,
-        "base_model": manifest["base_model"], "departure": DEPARTURE,
+        "kind": KIND, "family": family, "description": description,
+        "max_positions": config.max_positions, "response_tokens": config.response_tokens,
+        **({} if adapted else {"head": HEAD_FILE}),
+        "base_model": manifest["base_model"], "departure": departure,
         "training_manifest": "training_manifest.json"}, indent=2, sort_keys=True))
-    return report

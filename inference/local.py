@@ -613,11 +613,17 @@ class LocalDenoiser:
         path = materialise(config.model)
         card = json.loads((path / CARD).read_text()) if (path / CARD).is_file() else {}
         self.name = config.model
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.inputs = DenoiserInputs(self.tokenizer, int(card.get("max_positions", 512)))
-        self.mask_id, self.eos_ids = self.inputs.mask, [self.inputs.end]
         self.device = torch.device(config.device)
-        self.model = load_denoiser(path, dtype=config.torch_dtype()).to(self.device).eval()
+        if card.get("family") == "ar-adapted":  # a causal LM adapted as Dream was (inference/ar_denoiser.py)
+            from specrag.inference.ar_denoiser import ARDenoiserInputs, load_ar_denoiser
+            model, self.tokenizer = load_ar_denoiser(path, dtype=config.torch_dtype())
+            self.inputs = ARDenoiserInputs(self.tokenizer, int(card.get("max_positions", 2048)))
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.inputs = DenoiserInputs(self.tokenizer, int(card.get("max_positions", 512)))
+            model = load_denoiser(path, dtype=config.torch_dtype())
+        self.mask_id, self.eos_ids = self.inputs.mask, [self.inputs.end]
+        self.model = model.to(self.device).eval()
         self._lock = threading.Lock()
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:

@@ -249,10 +249,12 @@ class TritonBackend:
 
     @property
     def eos_ids(self) -> list[int]:
-        """End-of-text ids: a denoiser's end fill, else the tokenizer's EOS."""
+        """End-of-text ids: a denoiser's end fill ([SEP] for the encoder family; an adapted AR
+        model fills with its EOS), else the tokenizer's EOS."""
         from specrag.inference.models import model_spec
         tok = self._tokenizer()
-        end = tok.sep_token_id if model_spec(self.name).kind == "masked-diffusion" else tok.eos_token_id
+        encoder_fill = model_spec(self.name).kind == "masked-diffusion" and tok.sep_token_id is not None
+        end = tok.sep_token_id if encoder_fill else tok.eos_token_id
         return [end] if end is not None else []
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:

@@ -239,12 +239,13 @@ def cmd_train_denoiser(args, extra) -> int:
                                     batch_size=args.batch_size, learning_rate=args.learning_rate,
                                     head_learning_rate=args.head_learning_rate,
                                     response_tokens=args.response_tokens, held_out=args.held_out, seed=args.seed,
-                                    threads=args.threads)
+                                    threads=args.threads, max_positions=args.max_positions)
     from specrag.pipelines.training_inputs import TrainingInputFailed
     try:
         report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
                                     passage_words=args.passage_words, max_passages=args.max_passages,
-                                    overwrite=args.overwrite, max_failure_fraction=args.max_failure_fraction)
+                                    overwrite=args.overwrite, max_failure_fraction=args.max_failure_fraction,
+                                    base=args.base)
     except TrainingInputFailed as e:
         print(f"specrag train-denoiser: failed: {e}", file=sys.stderr)
         return 1
@@ -414,6 +415,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True, help="index folder (bm25) over a corpus holding the gold passages")
     p.add_argument("--output", required=True, help="model folder to write (then --model denoiser=FOLDER)")
     p.add_argument("--split", default="aed_train", help="training split (evaluation/splits/NAME.txt)")
+    p.add_argument("--base", default="all-minilm-l6-v2",
+                   help="the model to start from: an encoder (all-minilm-l6-v2: an MLM head is added) or a causal "
+                        "LM (e.g. smollm2-135m-instruct: adapted into a masked-diffusion LM as Dream-7B was)")
+    p.add_argument("--max-positions", type=int, default=512,
+                   help="the denoiser's window (context + response); MiniLM has 512")
     p.add_argument("--corpus-steps", type=int, default=300, help="stage 1 steps on corpus passages")
     p.add_argument("--trace-epochs", type=int, default=2, help="stage 2 passes over the traces")
     p.add_argument("--batch-size", type=int, default=16)

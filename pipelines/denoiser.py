@@ -92,7 +92,7 @@ def evidence_for(hits: Sequence, golds: Sequence, k: int, seed: str) -> list:
 
 
 def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, passage_words: int = 40,
-                 grounded_only: bool = True):
+                 grounded_only: bool = True, base: str = "all-minilm-l6-v2"):
     """TraceExamples of the questions that have gold passages and an answer; with
     ``grounded_only``, only those whose answer (other than yes/no) occurs in the evidence as cut
     to ``passage_words``: the denoiser learns to copy from its facts, not to guess."""
@@ -101,7 +101,7 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
     from specrag.inference.models import materialise
     from specrag.methods.prompts import sardi_prompt
     from specrag.methods.sardi import evidence
-    tokenizer = AutoTokenizer.from_pretrained(materialise("all-minilm-l6-v2"))
+    tokenizer = AutoTokenizer.from_pretrained(materialise(base))  # the denoiser's own tokens fill the window
     n_tokens = lambda s: len(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     usable = [q for q in queries if q.get("gold_passage_ids") and any(a.strip() for a in q.get("answers") or [])]
     hits = retriever.search([q["question"] for q in usable], top_k) if usable else []
@@ -121,7 +121,7 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
 
 def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split: str = "aed_train",
                        top_k: int = 7, passage_words: int = 40, max_passages: int = 0, overwrite: bool = False,
-                       max_failure_fraction: float = 0.5) -> dict:
+                       max_failure_fraction: float = 0.5, base: str = "all-minilm-l6-v2") -> dict:
     """Traces of the split's questions among ``queries`` (a Parquet glob), corpus passages of
     the index, then training; returns the report. Query rows that fail validation are dead
     letters beside the model (pipelines/training_inputs.py)."""
@@ -143,7 +143,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     if not rows:
         raise ValueError(f"no question of split {split!r} in {queries!r}")
     retriever = open_retriever(index, "bm25")
-    traces = build_traces(rows, retriever, config, top_k=top_k, passage_words=passage_words)
+    traces = build_traces(rows, retriever, config, top_k=top_k, passage_words=passage_words, base=base)
     if not traces:
         raise ValueError(f"no trace: none of the {len(rows)} questions of {split!r} has gold passages holding its "
                          "answer within the evidence cut")
@@ -151,7 +151,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     passages = [passage_text(t, x) for t, x in zip(store.titles, store.texts)]
     if max_passages:
         passages = passages[:max_passages]
-    report = train_denoiser(passages, traces, config, out_dir, provenance={
+    report = train_denoiser(passages, traces, config, out_dir, base=base, provenance={
         "split": split_fingerprint(split), "queries": dataset_fingerprint(files),
         "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
         "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
