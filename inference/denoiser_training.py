@@ -17,6 +17,7 @@ given the seed (one torch thread per process, seeded masks, order and dropout).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+PROGRESS_EVERY = 10  # training steps between two progress lines
 BASE_MODEL = "all-minilm-l6-v2"
 DEPARTURE = ("a 22M-parameter masked-diffusion denoiser of our own (all-MiniLM-L6-v2 encoder, 512 positions, "
              "uncased WordPiece, with a trained MLM head tied to its embeddings), not the paper's Dream-7B: no "
@@ -183,10 +186,11 @@ def adapts_ar_model(base: str) -> bool:
 
 def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], config: DenoiserTrainingConfig,
                    out_dir: str | Path, *, base_path: Path | None = None, base: str = BASE_MODEL,
-                   provenance: dict | None = None) -> DenoiserReport:
+                   provenance: dict | None = None, progress=None) -> DenoiserReport:
     """Stage 1 on passages, stage 2 on traces; evaluate on held-back traces; save the model
     folder (weights, tokenizer, card, training manifest). ``base``: the encoder (MiniLM, an MLM
-    head is added) or a causal LM (adapted as Dream was: inference/ar_denoiser.py)."""
+    head is added) or a causal LM (adapted as Dream was: inference/ar_denoiser.py). ``progress``:
+    called with a line every few steps (default: the log)."""
     import torch
     from transformers import AutoTokenizer
     from specrag.inference.denoiser import DenoiserInputs, new_denoiser
@@ -218,12 +222,17 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
     passage_rows = [r for r in passage_rows if len(r[1]) >= 4]
     accuracy = lambda: {str(r): round(masked_accuracy(model, inputs, held_rows, r, config.seed + 1, inputs.end), 4)  # noqa: E731
                         for r in EVAL_RATIOS} if held_rows else {}
+    say = progress or log.info
+    say(f"denoiser training: {len(train_rows)} traces ({report.truncated_contexts} contexts cut), "
+        f"{len(held_rows)} held out, {len(passage_rows)} corpus passages; base {base}")
     report.accuracy_untrained = accuracy()
+    say(f"held-out masked-word accuracy by mask ratio, untrained: {report.accuracy_untrained}")
     generator = torch.Generator().manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
 
-    def run_steps(rows, n_steps, losses):
+    def run_steps(rows, n_steps, losses, stage):
         optimizer, schedule = _optimiser(model, config, n_steps)
+        stage_started = time.time()
         order: list[int] = []
         for _ in range(n_steps):
             if len(order) < config.batch_size:
@@ -238,16 +247,22 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
             optimizer.step()
             schedule.step()
             losses.append(round(float(loss.detach()), 5))
+            if len(losses) % PROGRESS_EVERY == 0 or len(losses) == n_steps:
+                recent = losses[-PROGRESS_EVERY:]
+                say(f"denoiser training ({stage}): step {len(losses)}/{n_steps}, loss {sum(recent) / len(recent):.4f} "
+                    f"(mean of the last {len(recent)}), {(time.time() - stage_started) / len(losses):.1f} s/step")
 
     if config.corpus_steps and passage_rows:
-        run_steps(passage_rows, config.corpus_steps, report.corpus_step_loss)
+        run_steps(passage_rows, config.corpus_steps, report.corpus_step_loss, "corpus")
     report.accuracy_after_corpus = accuracy()
+    say(f"held-out masked-word accuracy after the corpus stage: {report.accuracy_after_corpus}")
     if config.trace_epochs and train_rows:
         per_epoch = math.ceil(len(train_rows) / config.batch_size)
-        run_steps(train_rows, per_epoch * config.trace_epochs, report.trace_step_loss)
+        run_steps(train_rows, per_epoch * config.trace_epochs, report.trace_step_loss, "traces")
         report.trace_epoch_loss = [round(float(np.mean(report.trace_step_loss[e * per_epoch:(e + 1) * per_epoch])), 5)
                                    for e in range(config.trace_epochs)]
     report.accuracy_trained = accuracy()
+    say(f"held-out masked-word accuracy, trained: {report.accuracy_trained}")
     report.wall_s = round(time.time() - started, 3)
     save_trained(model, tokenizer, config, report, Path(out_dir), base, adapted, provenance)
     return report

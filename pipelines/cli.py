@@ -245,7 +245,7 @@ def cmd_train_denoiser(args, extra) -> int:
         report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
                                     passage_words=args.passage_words, max_passages=args.max_passages,
                                     overwrite=args.overwrite, max_failure_fraction=args.max_failure_fraction,
-                                    base=args.base)
+                                    base=args.base, progress=lambda line: print(line, file=sys.stderr, flush=True))
     except TrainingInputFailed as e:
         print(f"specrag train-denoiser: failed: {e}", file=sys.stderr)
         return 1

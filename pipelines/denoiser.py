@@ -121,7 +121,7 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
 
 def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split: str = "aed_train",
                        top_k: int = 7, passage_words: int = 40, max_passages: int = 0, overwrite: bool = False,
-                       max_failure_fraction: float = 0.5, base: str = "all-minilm-l6-v2") -> dict:
+                       max_failure_fraction: float = 0.5, base: str = "all-minilm-l6-v2", progress=None) -> dict:
     """Traces of the split's questions among ``queries`` (a Parquet glob), corpus passages of
     the index, then training; returns the report. Query rows that fail validation are dead
     letters beside the model (pipelines/training_inputs.py)."""
@@ -151,7 +151,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     passages = [passage_text(t, x) for t, x in zip(store.titles, store.texts)]
     if max_passages:
         passages = passages[:max_passages]
-    report = train_denoiser(passages, traces, config, out_dir, base=base, provenance={
+    report = train_denoiser(passages, traces, config, out_dir, base=base, progress=progress, provenance={
         "split": split_fingerprint(split), "queries": dataset_fingerprint(files),
         "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
         "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
