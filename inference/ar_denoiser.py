@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specrag.inference.denoiser import DenoiserInputs, padded
+
 MASK_TOKEN = "<|mask|>"
 DEPARTURE = ("Dream-7B's recipe (AR weights, shifted logits, masked-diffusion training) on a small causal LM "
              "(SmolLM2-135M-Instruct by default), not Dream-7B, which does not install offline; the prompt "
@@ -134,7 +136,6 @@ class ARDenoiserInputs:
         many context tokens were cut to fit: a long context loses tokens before its last
         ``TURN_TAIL`` (the question and evidence come first; the tail closes the user turn and
         opens the assistant's, which the answer follows)."""
-        torch = _torch()
         rows, types, starts, cut = [], [], [], []
         for ctx, resp in zip(contexts, responses):
             room = self.max_positions - len(resp)
@@ -149,20 +150,6 @@ class ARDenoiserInputs:
             rows.append([*ctx, *resp])
             types.append([0] * len(ctx) + [1] * len(resp))
             starts.append(len(ctx))
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        tt = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, (r, t) in enumerate(zip(rows, types)):
-            ids[b, :len(r)] = torch.tensor(r)
-            attention[b, :len(r)] = 1
-            tt[b, :len(t)] = torch.tensor(t)
-        return ids, attention, tt, starts, cut
+        return (*padded(rows, types, self.pad), starts, cut)
 
-    @staticmethod
-    def response_positions(shape, starts: list[int], lengths: list[int]):
-        torch = _torch()
-        where = torch.zeros(shape, dtype=torch.bool)
-        for b, (start, n) in enumerate(zip(starts, lengths)):
-            where[b, start:start + n] = True
-        return where
+    response_positions = staticmethod(DenoiserInputs.response_positions)

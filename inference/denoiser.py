@@ -88,6 +88,20 @@ def save_denoiser(model, folder: Path | str) -> None:
     save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, str(folder / HEAD_FILE))
 
 
+def padded(rows: list[list[int]], types: list[list[int]], pad: int):
+    """Right-padded tensors of token rows: (ids, attention mask, token types)."""
+    torch = _torch()
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    tt = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, (r, t) in enumerate(zip(rows, types)):
+        ids[b, :len(r)] = torch.tensor(r)
+        attention[b, :len(r)] = 1
+        tt[b, :len(t)] = torch.tensor(t)
+    return ids, attention, tt
+
+
 class DenoiserInputs:
     """Token layout of (context, response) pairs: the one place that knows it, shared by
     training and serving so the two never drift apart."""
@@ -115,7 +129,6 @@ class DenoiserInputs:
     def batch(self, contexts: list[list[int]], responses: list[list[int]]):
         """Padded tensors (input ids, attention mask, token types) and, per row, where its
         response starts and how many context tokens were cut to fit the window."""
-        torch = _torch()
         rows, types, starts, cut = [], [], [], []
         for ctx, resp in zip(contexts, responses):
             room = self.max_positions - len(resp) - 3
@@ -127,15 +140,7 @@ class DenoiserInputs:
             rows.append([self.cls, *ctx, self.sep, *resp, self.sep])
             types.append([0] * (len(ctx) + 2) + [1] * (len(resp) + 1))
             starts.append(len(ctx) + 2)
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        tt = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, (r, t) in enumerate(zip(rows, types)):
-            ids[b, :len(r)] = torch.tensor(r)
-            mask[b, :len(r)] = 1
-            tt[b, :len(t)] = torch.tensor(t)
-        return ids, mask, tt, starts, cut
+        return (*padded(rows, types, self.pad), starts, cut)
 
     @staticmethod
     def response_positions(shape, starts: list[int], lengths: list[int]):

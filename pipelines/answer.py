@@ -25,8 +25,8 @@ from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
 from specrag.pipelines.manifest import identity_differences, job_counters, write_manifest
 from specrag.pipelines.options import new_pipeline
-from specrag.transforms.files import (delete, exists, join, match_files, mkdirs, read_parquet, read_text, remove_tree,
-                                      restore, set_aside, write_text)
+from specrag.transforms.files import (delete, exists, join, match_files, mkdirs, read_parquet, read_text, replacing,
+                                      write_text)
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.lease import Lease
 from specrag.transforms.sinks import WriteParquetShards
@@ -223,15 +223,8 @@ def run_answer(job: AnswerJob) -> dict:
     with Lease(out) as lease:  # one writer per folder: a second run is refused here
         # --overwrite removes nothing yet: the earlier run is set aside, put back if this run
         # fails, deleted once it has written its outputs and manifest
-        aside = set_aside(out, _run_files(out)) if job.overwrite and not job.resume else None
-        try:
+        with replacing(out, lambda: _run_files(out), job.overwrite and not job.resume):
             manifest = _run(job, identity, fingerprint, inputs, lease.token)
-        except BaseException:
-            if aside:
-                restore(out, aside, _run_files(out))
-            raise
-        if aside:
-            remove_tree(aside)
     rec = manifest["reconciliation"]
     if rec["lost"] > 0:
         raise RunFailed(f"{reconciliation_line(rec)}: {rec['lost']} input rows are in neither results nor dead "

@@ -20,8 +20,8 @@ from specrag.pipelines.manifest import identity_differences, job_counters, write
 from specrag.pipelines.options import new_pipeline
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_passage
-from specrag.transforms.files import (delete, exists, join, match_files, mkdirs, read_parquet, read_text, remove_tree,
-                                      restore, set_aside, write_text)
+from specrag.transforms.files import (delete, exists, join, match_files, mkdirs, read_parquet, read_text, replacing,
+                                      write_text)
 from specrag.transforms.lease import Lease
 from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
 from specrag.transforms.sinks import WriteParquetShards
@@ -147,15 +147,8 @@ def run_extract_triplets(job: ExtractJob) -> dict:
     mkdirs(job.output)
     with Lease(job.output):  # one writer per folder, as for answer
         # --overwrite removes nothing yet: the earlier run is set aside, put back if this one fails
-        aside = set_aside(job.output, _run_files(job.output)) if job.overwrite else None
-        try:
+        with replacing(job.output, lambda: _run_files(job.output), job.overwrite):
             manifest = _run(job, identity)
-        except BaseException:
-            if aside:
-                restore(job.output, aside, _run_files(job.output))
-            raise
-        if aside:
-            remove_tree(aside)
     run = manifest["over_the_run"]  # every attempt's: earlier dead letters were retried by this one
     failed, handled = run["dead_letters"], run["passages"] + run["dead_letters"]
     if handled and failed / handled > job.max_failure_fraction:

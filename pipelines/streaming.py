@@ -228,7 +228,7 @@ def run_streaming_answer(job, rows=None) -> dict:
                                           run_fingerprint, run_identity)
     from specrag.pipelines.manifest import job_counters, write_manifest
     from specrag.pipelines.options import new_pipeline
-    from specrag.transforms.files import delete, mkdirs, remove_tree, restore, set_aside
+    from specrag.transforms.files import delete, mkdirs, replacing
     from specrag.transforms.lease import Lease
     from specrag.transforms.progress import watch_progress
     stream: StreamSettings = job.stream
@@ -239,40 +239,32 @@ def run_streaming_answer(job, rows=None) -> dict:
     if job.resume:
         check_resumable(out, identity)
     mkdirs(out)
-    with Lease(out) as lease:
-        aside = set_aside(out, _run_files(out)) if job.overwrite and not job.resume else None
-        try:
-            write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
-            write_text(join(out, INPUTS_FILE), json.dumps([{"stream": job.queries}], indent=2))
-            done = finished_ids_files(out) if job.resume else []
-            if not is_pubsub(job.queries):  # a restarted watch reads its files again: their rows are judged again
-                delete(match_files(join(out, f"dead_letters-{STREAM_PREFIX}-*.parquet")))
-            base = {"job": "answer", "mode": "streaming", "method": job.method.name,
-                    "method_config": job.method.config.to_dict(), "run_fingerprint": fingerprint,
-                    "identity": identity, "runtime": job.runtime.to_dict(), "source": job.queries,
-                    "beam_args": list(job.beam_args), **settings_manifest(stream),
-                    "resumed": {"earlier_result_files": len(done)} if job.resume else None,
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **job.extra_manifest}
-            write_manifest(out, {**base, "status": "running"})
-            started = time.time()
-            p = new_pipeline(job.beam_args)
-            build_streaming_answer_pipeline(p, job, stream, rows=rows(p) if rows else None, finished_files=done,
-                                            fingerprint=fingerprint, lease_token=lease.token, manifest_base=base)
-            with watch_progress(f"answer {job.method.name} (streaming)", out, None, rate_window_s=300):
-                result = p.run()
-                result.wait_until_finish()
-            running = json.loads(read_text(join(out, "manifest.json")))
-            manifest = write_manifest(out, {
-                **base, "status": "stopped", "wall_s": round(time.time() - started, 3),
-                "windows": window_counts(out, stream.window_s),
-                # what the per-window updates said while the job ran (exact on a streaming runner)
-                "windows_reported": running.get("windows", {}),
-                "counters": job_counters(result, NAMESPACE), "account": stream_account(out)})
-        except BaseException:
-            if aside:
-                restore(out, aside, _run_files(out))
-            raise
-        if aside:
-            remove_tree(aside)
+    with Lease(out) as lease, replacing(out, lambda: _run_files(out), job.overwrite and not job.resume):
+        write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
+        write_text(join(out, INPUTS_FILE), json.dumps([{"stream": job.queries}], indent=2))
+        done = finished_ids_files(out) if job.resume else []
+        if not is_pubsub(job.queries):  # a restarted watch reads its files again: their rows are judged again
+            delete(match_files(join(out, f"dead_letters-{STREAM_PREFIX}-*.parquet")))
+        base = {"job": "answer", "mode": "streaming", "method": job.method.name,
+                "method_config": job.method.config.to_dict(), "run_fingerprint": fingerprint,
+                "identity": identity, "runtime": job.runtime.to_dict(), "source": job.queries,
+                "beam_args": list(job.beam_args), **settings_manifest(stream),
+                "resumed": {"earlier_result_files": len(done)} if job.resume else None,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **job.extra_manifest}
+        write_manifest(out, {**base, "status": "running"})
+        started = time.time()
+        p = new_pipeline(job.beam_args)
+        build_streaming_answer_pipeline(p, job, stream, rows=rows(p) if rows else None, finished_files=done,
+                                        fingerprint=fingerprint, lease_token=lease.token, manifest_base=base)
+        with watch_progress(f"answer {job.method.name} (streaming)", out, None, rate_window_s=300):
+            result = p.run()
+            result.wait_until_finish()
+        running = json.loads(read_text(join(out, "manifest.json")))
+        manifest = write_manifest(out, {
+            **base, "status": "stopped", "wall_s": round(time.time() - started, 3),
+            "windows": window_counts(out, stream.window_s),
+            # what the per-window updates said while the job ran (exact on a streaming runner)
+            "windows_reported": running.get("windows", {}),
+            "counters": job_counters(result, NAMESPACE), "account": stream_account(out)})
     return manifest
 

@@ -7,6 +7,7 @@ not readable Parquet is an ``UnreadableInput`` naming the file, never a bare tra
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -245,6 +246,21 @@ def restore(folder: str, aside: str, replacing: list[str]) -> None:
     back = match_files(join(aside, "*"))
     FileSystems.rename(back, [join(folder, p.rsplit("/", 1)[-1]) for p in back])
     remove_tree(aside)
+
+
+@contextlib.contextmanager
+def replacing(folder: str, run_files, enabled: bool = True):
+    """Around a run that replaces an earlier one (--overwrite): the earlier run's files
+    (``run_files()``) are set aside, put back if the run fails, deleted once it has succeeded."""
+    aside = set_aside(folder, run_files()) if enabled else None
+    try:
+        yield
+    except BaseException:
+        if aside:
+            restore(folder, aside, run_files())
+        raise
+    if aside:
+        remove_tree(aside)
 
 
 def remove_tree(folder: str) -> None:
