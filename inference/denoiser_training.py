@@ -44,11 +44,13 @@ class DenoiserTrainingConfig:
     learning_rate: float = 1e-4  # the encoder's
     head_learning_rate: float = 5e-4  # the new MLM head's (tied embeddings learn at the encoder's rate)
     warmup_ratio: float = 0.05
-    response_tokens: int = 64  # the response window L (the SARDI run's max_new_tokens)
+    response_tokens: int = 100  # the response window L (the SARDI run's max_new_tokens; the paper's 100)
     passage_tokens: int = 128  # stage 1 sequence length
     max_positions: int = 512  # the encoder's window
     min_mask_ratio: float = 1e-3  # t ~ U(eps, 1)
     held_out: float = 0.1  # share of traces kept back for the accuracy check
+    checkpoint_every: int = 0  # trace-stage steps between checkpoints (0: at the end of the stage only)
+    patience: int = 0  # stop after this many checkpoints without a better score (0: never early)
     seed: int = 0
     threads: int = 1
 
@@ -61,6 +63,8 @@ class DenoiserTrainingConfig:
             raise ValueError(f"response_tokens={self.response_tokens} leaves no room in {self.max_positions} positions")
         if not 0 < self.min_mask_ratio < 1 or not 0 <= self.held_out < 1 or self.learning_rate <= 0:
             raise ValueError("need 0 < min_mask_ratio < 1, 0 <= held_out < 1, learning_rate > 0")
+        if self.checkpoint_every < 0 or self.patience < 0:
+            raise ValueError("need checkpoint_every >= 0 and patience >= 0")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,11 @@ class DenoiserReport:
     accuracy_after_corpus: dict[str, float] = field(default_factory=dict)
     accuracy_trained: dict[str, float] = field(default_factory=dict)
     truncated_contexts: int = 0  # training contexts cut to fit the window
+    # one per checkpoint: {step, accuracy (by mask ratio), score, and the probe's answers if any}
+    checkpoints: list[dict] = field(default_factory=list)
+    best_step: int = 0  # the trace-stage step whose weights were kept (the best score)
+    stopped_early: bool = False
+    resumed_at: list[int] = field(default_factory=list)  # trace-stage steps a run resumed from
     wall_s: float = 0.0
 
 
@@ -184,13 +193,37 @@ def adapts_ar_model(base: str) -> bool:
     return model_spec(base).kind == "causal-lm"
 
 
+def _identity(config: DenoiserTrainingConfig, base: str, passages: Sequence[str], traces: Sequence[TraceExample]) -> str:
+    """What a resumed run must share with the run it resumes: settings (threads aside), base, data."""
+    import hashlib
+    h = hashlib.sha256(json.dumps({**asdict(config), "threads": None, "base": base}, sort_keys=True).encode())
+    for text in passages:
+        h.update(text.encode() + b"\0")
+    for t in traces:
+        h.update(json.dumps(asdict(t), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def partial_dir(out_dir: str | Path) -> Path:
+    """Where a training run keeps its last checkpoint (``<output>.partial``) until it finishes."""
+    return Path(str(out_dir).rstrip("/") + ".partial")
+
+
 def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], config: DenoiserTrainingConfig,
                    out_dir: str | Path, *, base_path: Path | None = None, base: str = BASE_MODEL,
-                   provenance: dict | None = None, progress=None) -> DenoiserReport:
-    """Stage 1 on passages, stage 2 on traces; evaluate on held-back traces; save the model
+                   provenance: dict | None = None, progress=None, probe=None) -> DenoiserReport:
+    """Stage 1 on passages, stage 2 on traces with checkpoints; save the best checkpoint's model
     folder (weights, tokenizer, card, training manifest). ``base``: the encoder (MiniLM, an MLM
-    head is added) or a causal LM (adapted as Dream was: inference/ar_denoiser.py). ``progress``:
-    called with a line every few steps (default: the log)."""
+    head is added) or a causal LM (adapted as Dream was: inference/ar_denoiser.py).
+
+    At each checkpoint (every ``checkpoint_every`` trace steps and at the stage's end) the
+    held-back traces' masked-word accuracy is measured and ``probe(folder)``, if given, answers
+    held-out questions with the checkpoint; its ``f1``, then the mean accuracy, is the score that
+    picks the weights kept and, with ``patience``, stops training when it stops improving. The
+    training state (weights, optimiser, data order, random states) is written to
+    ``<out_dir>.partial`` at each checkpoint, and a run with the same inputs and settings
+    resumes from there. ``progress``: called with a line every few steps (default: the log)."""
+    import shutil
     import torch
     from transformers import AutoTokenizer
     from specrag.inference.denoiser import DenoiserInputs, new_denoiser
@@ -225,47 +258,140 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
     say = progress or log.info
     say(f"denoiser training: {len(train_rows)} traces ({report.truncated_contexts} contexts cut), "
         f"{len(held_rows)} held out, {len(passage_rows)} corpus passages; base {base}")
-    report.accuracy_untrained = accuracy()
-    say(f"held-out masked-word accuracy by mask ratio, untrained: {report.accuracy_untrained}")
     generator = torch.Generator().manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
+    order: list[int] = []
+    state_dir, identity = partial_dir(out_dir), _identity(config, base, passages, traces)
 
-    def run_steps(rows, n_steps, losses, stage):
-        optimizer, schedule = _optimiser(model, config, n_steps)
-        stage_started = time.time()
-        order: list[int] = []
-        for _ in range(n_steps):
-            if len(order) < config.batch_size:
-                order += rng.permutation(len(rows)).tolist()
-            batch, order = [rows[i] for i in order[:config.batch_size]], order[config.batch_size:]
-            ratios = config.min_mask_ratio + (1 - config.min_mask_ratio) * torch.rand(len(batch), generator=generator)
-            model.train()
-            loss = diffusion_loss(model, inputs, batch, ratios, generator)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            losses.append(round(float(loss.detach()), 5))
-            if len(losses) % PROGRESS_EVERY == 0 or len(losses) == n_steps:
-                recent = losses[-PROGRESS_EVERY:]
-                say(f"denoiser training ({stage}): step {len(losses)}/{n_steps}, loss {sum(recent) / len(recent):.4f} "
-                    f"(mean of the last {len(recent)}), {(time.time() - stage_started) / len(losses):.1f} s/step")
+    spent = {"corpus": 0.0, "traces": 0.0}  # seconds in training steps (checkpoints aside), per stage
 
-    if config.corpus_steps and passage_rows:
-        run_steps(passage_rows, config.corpus_steps, report.corpus_step_loss, "corpus")
-    report.accuracy_after_corpus = accuracy()
-    say(f"held-out masked-word accuracy after the corpus stage: {report.accuracy_after_corpus}")
-    if config.trace_epochs and train_rows:
-        per_epoch = math.ceil(len(train_rows) / config.batch_size)
-        run_steps(train_rows, per_epoch * config.trace_epochs, report.trace_step_loss, "traces")
+    def train_step(rows, optimizer, schedule, losses, n_steps, stage, first):
+        nonlocal order
+        step_started = time.time()
+        if len(order) < config.batch_size:
+            order += rng.permutation(len(rows)).tolist()
+        batch, order = [rows[i] for i in order[:config.batch_size]], order[config.batch_size:]
+        ratios = config.min_mask_ratio + (1 - config.min_mask_ratio) * torch.rand(len(batch), generator=generator)
+        model.train()
+        loss = diffusion_loss(model, inputs, batch, ratios, generator)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(round(float(loss.detach()), 5))
+        spent[stage] += time.time() - step_started
+        if len(losses) % PROGRESS_EVERY == 0 or len(losses) == n_steps:
+            recent = losses[-PROGRESS_EVERY:]
+            say(f"denoiser training ({stage}): step {len(losses)}/{n_steps}, loss {sum(recent) / len(recent):.4f} "
+                f"(mean of the last {len(recent)}), {spent[stage] / (len(losses) - first):.1f} s/step")
+
+    resumed = _load_state(state_dir, identity)
+    if resumed is None:
+        report.accuracy_untrained = accuracy()
+        say(f"held-out masked-word accuracy by mask ratio, untrained: {report.accuracy_untrained}")
+        if config.corpus_steps and passage_rows:
+            optimizer, schedule = _optimiser(model, config, config.corpus_steps)
+            for _ in range(config.corpus_steps):
+                train_step(passage_rows, optimizer, schedule, report.corpus_step_loss, config.corpus_steps, "corpus", 0)
+        report.accuracy_after_corpus = accuracy()
+        say(f"held-out masked-word accuracy after the corpus stage: {report.accuracy_after_corpus}")
+        order, done, best = [], 0, {"score": [float("-inf")], "step": 0, "stale": 0}
+        best_weights, earlier_wall = None, 0.0
+    else:
+        model.load_state_dict(resumed["model"])
+        for k, v in resumed["report"].items():
+            setattr(report, k, v)
+        generator.set_state(resumed["generator"])
+        rng.bit_generator.state = resumed["rng"]
+        torch.set_rng_state(resumed["torch_rng"])
+        order, done, best, best_weights = resumed["order"], resumed["step"], resumed["best"], resumed["best_weights"]
+        report.resumed_at.append(done)
+        earlier_wall = report.wall_s  # the time the interrupted run had spent
+        say(f"denoiser training: resumed from {state_dir} at trace step {done}")
+    per_epoch = math.ceil(len(train_rows) / config.batch_size) if train_rows else 0
+    total = per_epoch * config.trace_epochs
+    if total:
+        optimizer, schedule = _optimiser(model, config, total)
+        if resumed is not None:
+            optimizer.load_state_dict(resumed["optimizer"])
+            schedule.load_state_dict(resumed["schedule"])
+        resumed = None  # its tensors are in the model and optimiser now
+        every = config.checkpoint_every or total
+        for s in range(done, total):
+            train_step(train_rows, optimizer, schedule, report.trace_step_loss, total, "traces", done)
+            if (s + 1) % every and s + 1 < total:
+                continue
+            record = {"step": s + 1, "accuracy": accuracy()}
+            # the score: the probe's answer F1, ties (every checkpoint at 0 early on) broken by the accuracy
+            mean_accuracy = float(np.mean(list(record["accuracy"].values()))) if record["accuracy"] else 0.0
+            record["score"] = [mean_accuracy]
+            if probe is not None:
+                folder = state_dir / "probe"
+                save_trained(model, tokenizer, config, report, folder, base, adapted, provenance)
+                record["probe"] = probe(folder)
+                record["score"] = [float(record["probe"]["f1"]), mean_accuracy]
+            report.checkpoints.append(record)
+            if record["score"] > best["score"]:
+                best = {"score": record["score"], "step": s + 1, "stale": 0}
+                best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            else:
+                best["stale"] += 1
+            say(f"denoiser checkpoint at trace step {s + 1}/{total}: held-out accuracy {record['accuracy']}"
+                + (f", probe {({k: v for k, v in record['probe'].items() if k != 'examples'})}" if probe else "")
+                + f"; best so far: step {best['step']} (score {[round(x, 4) for x in best['score']]})")
+            stop = bool(config.patience) and best["stale"] >= config.patience and s + 1 < total
+            if s + 1 < total and not stop:
+                report.wall_s = round(earlier_wall + time.time() - started, 3)
+                _save_state(state_dir, identity, model, optimizer, schedule, generator, rng, order, s + 1, best,
+                            best_weights, report)
+            if stop:
+                report.stopped_early = True
+                say(f"denoiser training: stopped early, {config.patience} checkpoint(s) without a better score")
+                break
+        epochs = len(report.trace_step_loss) // per_epoch
         report.trace_epoch_loss = [round(float(np.mean(report.trace_step_loss[e * per_epoch:(e + 1) * per_epoch])), 5)
-                                   for e in range(config.trace_epochs)]
-    report.accuracy_trained = accuracy()
-    say(f"held-out masked-word accuracy, trained: {report.accuracy_trained}")
-    report.wall_s = round(time.time() - started, 3)
+                                   for e in range(epochs)]
+    if best_weights is not None:
+        model.load_state_dict(best_weights)
+        report.best_step = best["step"]
+        report.accuracy_trained = next(c["accuracy"] for c in report.checkpoints if c["step"] == best["step"])
+    else:
+        report.accuracy_trained = accuracy()
+    say(f"held-out masked-word accuracy, trained (kept: trace step {report.best_step}): {report.accuracy_trained}")
+    report.wall_s = round(earlier_wall + time.time() - started, 3)
     save_trained(model, tokenizer, config, report, Path(out_dir), base, adapted, provenance)
+    shutil.rmtree(state_dir, ignore_errors=True)
     return report
+
+
+STATE_FILE = "state.pt"
+
+
+def _save_state(state_dir: Path, identity: str, model, optimizer, schedule, generator, rng, order, step: int,
+                best: dict, best_weights, report: DenoiserReport) -> None:
+    """The whole training state, written to a temporary file and renamed (a kill leaves the last one)."""
+    import torch
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / (STATE_FILE + ".tmp")
+    torch.save({"identity": identity, "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(), "generator": generator.get_state(), "rng": rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(), "order": list(order), "best": dict(best),
+                "best_weights": best_weights, "report": asdict(report)}, tmp)
+    tmp.replace(state_dir / STATE_FILE)
+
+
+def _load_state(state_dir: Path, identity: str) -> dict | None:
+    """The saved state of a run with the same identity; a different run's state is an error."""
+    import torch
+    path = state_dir / STATE_FILE
+    if not path.is_file():
+        return None
+    state = torch.load(path, weights_only=False)
+    if state.get("identity") != identity:
+        raise ValueError(f"{state_dir} holds the checkpoint of a training run with other settings or data: "
+                         "delete it, or rerun with the settings it was made with")
+    return state
 
 
 def save_trained(model, tokenizer, config: DenoiserTrainingConfig, report: DenoiserReport, out: Path, base: str,

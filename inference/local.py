@@ -615,10 +615,12 @@ class LocalDenoiser:
         self.name = config.model
         self.device = torch.device(config.device)
         if card.get("family") == "ar-adapted":  # a causal LM adapted as Dream was (inference/ar_denoiser.py)
-            from specrag.inference.ar_denoiser import ARDenoiserInputs, load_ar_denoiser
+            from specrag.inference.ar_denoiser import ARDenoiserInputs, PromptCache, load_ar_denoiser
             model, self.tokenizer = load_ar_denoiser(path, dtype=config.torch_dtype())
             self.inputs = ARDenoiserInputs(self.tokenizer, int(card.get("max_positions", 2048)))
+            self.prompt_cache = PromptCache()  # prompt keys and values, reused across denoising steps
         else:
+            self.prompt_cache = None  # an encoder's context sees the response: nothing to reuse
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.inputs = DenoiserInputs(self.tokenizer, int(card.get("max_positions", 512)))
             model = load_denoiser(path, dtype=config.torch_dtype())
@@ -631,27 +633,42 @@ class LocalDenoiser:
 
     def detokenize(self, ids: list[list[int]]) -> list[str]:
         """Text of token ids; masks and special tokens are dropped (WordPiece pieces joined)."""
-        return [self.tokenizer.decode(r, skip_special_tokens=True, clean_up_tokenization_spaces=True) for r in ids]
+        # WordPiece output needs the clean-up ("word ." -> "word."); BPE keeps its own spaces
+        return [self.tokenizer.decode(r, skip_special_tokens=True, clean_up_tokenization_spaces=self.prompt_cache is None)
+                for r in ids]
 
     def denoise(self, requests: list[DenoiseRequest]) -> list[Denoised]:
         import torch
         contexts = [self.inputs.context_ids(r.context) for r in requests]
-        ids, mask, types, starts, cut = self.inputs.batch(contexts, [list(r.response_ids) for r in requests])
-        lengths = [len(r.response_ids) for r in requests]
-        where = self.inputs.response_positions(ids.shape, starts, lengths)
+        responses = [list(r.response_ids) for r in requests]
+        lengths = [len(r) for r in responses]
         with self._lock, torch.inference_mode():
-            # the head only over the response windows, flattened row by row
-            logits = self.model(ids.to(self.device), mask.to(self.device), types.to(self.device),
-                                positions=where.to(self.device)).float()
+            if self.prompt_cache is not None:  # logits at the masked positions only
+                from specrag.inference.ar_denoiser import cached_response_logits
+                logits, cut = cached_response_logits(self.model, self.inputs, self.prompt_cache, contexts, responses,
+                                                     only_masked=True)
+                lengths = [sum(t == self.mask_id for t in r) for r in responses]
+            else:
+                ids, mask, types, starts, cut = self.inputs.batch(contexts, responses)
+                where = self.inputs.response_positions(ids.shape, starts, lengths)
+                # the head only over the response windows, flattened row by row
+                logits = self.model(ids.to(self.device), mask.to(self.device), types.to(self.device),
+                                    positions=where.to(self.device))
+            logits = logits.float()
             logits[..., self.inputs.banned] = float("-inf")
             conf, arg = torch.softmax(logits, dim=-1).max(dim=-1)
         arg, conf = arg.cpu().split(lengths), conf.cpu().split(lengths)
         out = []
         for b, r in enumerate(requests):
-            a, c = arg[b].tolist(), conf[b].tolist()
-            for i, t in enumerate(r.response_ids):
-                if t != self.mask_id:  # committed: stays as it is
-                    a[i], c[i] = t, 1.0
+            found, found_conf = iter(arg[b].tolist()), iter(conf[b].tolist())
+            if self.prompt_cache is not None:  # committed positions: as they are, confidence 1
+                a = [next(found) if t == self.mask_id else t for t in r.response_ids]
+                c = [next(found_conf) if t == self.mask_id else 1.0 for t in r.response_ids]
+            else:
+                a, c = list(found), list(found_conf)
+                for i, t in enumerate(r.response_ids):
+                    if t != self.mask_id:  # committed: stays as it is
+                        a[i], c[i] = t, 1.0
             out.append(Denoised(a, [float(x) for x in c], context_tokens=len(contexts[b]) - cut[b],
                                 truncated_tokens=cut[b]))
         return out

@@ -239,18 +239,21 @@ def cmd_train_denoiser(args, extra) -> int:
                                     batch_size=args.batch_size, learning_rate=args.learning_rate,
                                     head_learning_rate=args.head_learning_rate,
                                     response_tokens=args.response_tokens, held_out=args.held_out, seed=args.seed,
-                                    threads=args.threads, max_positions=args.max_positions)
+                                    threads=args.threads, max_positions=args.max_positions,
+                                    checkpoint_every=args.checkpoint_every, patience=args.patience)
     from specrag.pipelines.training_inputs import TrainingInputFailed
     try:
         report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
                                     passage_words=args.passage_words, max_passages=args.max_passages,
                                     overwrite=args.overwrite, max_failure_fraction=args.max_failure_fraction,
-                                    base=args.base, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                                    base=args.base, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                    step_words=args.step_words, probe_questions=args.probe_questions)
     except TrainingInputFailed as e:
         print(f"specrag train-denoiser: failed: {e}", file=sys.stderr)
         return 1
     print(json.dumps({k: report[k] for k in ("corpus_passages", "trace_examples", "held_out_examples",
-                                             "trace_epoch_loss", "truncated_contexts", "wall_s")}))
+                                             "trace_epoch_loss", "truncated_contexts", "best_step", "stopped_early",
+                                             "resumed_at", "wall_s")}))
     print("held-out masked-word accuracy by mask ratio: untrained head "
           f"{report['accuracy_untrained']}, after the corpus stage {report['accuracy_after_corpus']}, "
           f"trained {report['accuracy_trained']}")
@@ -408,7 +411,7 @@ def parser() -> argparse.ArgumentParser:
     _add_training_output_options(p)
     p.set_defaults(fn=cmd_train_utility)
 
-    p = sub.add_parser("train-denoiser", help="train SARDI's masked-diffusion denoiser (MiniLM + tied MLM head) "
+    p = sub.add_parser("train-denoiser", help="train SARDI's masked-diffusion denoiser (a causal LM adapted, or MiniLM + an MLM head) "
                                               "on corpus passages, then answer traces of a training split")
     p.add_argument("--queries", required=True, help="imported queries Parquet (file or glob): the split's questions "
                                                     "with gold passages are used")
@@ -425,7 +428,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--head-learning-rate", type=float, default=5e-4)
-    p.add_argument("--response-tokens", type=int, default=64, help="the response window (sardi's max_new_tokens)")
+    p.add_argument("--response-tokens", type=int, default=100,
+                   help="the response window (sardi's max_new_tokens; the paper's 100)")
+    p.add_argument("--step-words", type=int, default=0, help="cap each trace step at this many words (0: none; the "
+                                                             "window's limit applies either way)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="trace-stage steps between checkpoints (0: at the end only); each is measured, written to "
+                        "OUTPUT.partial (a rerun resumes from it), and the best is kept")
+    p.add_argument("--patience", type=int, default=0, help="stop after this many checkpoints without a better score")
+    p.add_argument("--probe-questions", type=int, default=20,
+                   help="held-out questions answered (DLM static) at each checkpoint; their F1 picks the best (0: the "
+                        "held-out masked-word accuracy does)")
     p.add_argument("--top-k", type=int, default=7, help="evidence passages per trace (sardi's top_k)")
     p.add_argument("--passage-words", type=int, default=40, help="words per evidence passage: 7 of them, the "
                                                                   "question and the window fit in 512 positions")

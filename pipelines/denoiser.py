@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
@@ -55,10 +56,13 @@ def trace_steps(golds: Sequence[tuple[str, str]], answer: str) -> list[str]:
     return steps
 
 
-def fit_trace(steps: Sequence[str], answer: str, n_tokens: Callable[[str], int], limit: int) -> str:
+def fit_trace(steps: Sequence[str], answer: str, n_tokens: Callable[[str], int], limit: int,
+              step_words: int = 0) -> str:
     """``Step i: ...`` lines and ``### answer`` within ``limit`` tokens: the steps are
-    shortened word by word (longest first), the answer never."""
-    words = [s.split() for s in steps]
+    shortened word by word (longest first), the answer never. ``step_words`` > 0 caps each
+    step first: a short trace leaves the window's tail to the end fill, so a denoiser that
+    has to choose the length itself learns to close with the answer well inside the window."""
+    words = [s.split()[:step_words] if step_words else s.split() for s in steps]
 
     def render() -> str:
         lines = [f"Step {i + 1}: {' '.join(w)}" for i, w in enumerate(words) if w]
@@ -92,7 +96,7 @@ def evidence_for(hits: Sequence, golds: Sequence, k: int, seed: str) -> list:
 
 
 def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, passage_words: int = 40,
-                 grounded_only: bool = True, base: str = "all-minilm-l6-v2"):
+                 grounded_only: bool = True, base: str = "all-minilm-l6-v2", step_words: int = 0):
     """TraceExamples of the questions that have gold passages and an answer; with
     ``grounded_only``, only those whose answer (other than yes/no) occurs in the evidence as cut
     to ``passage_words``: the denoiser learns to copy from its facts, not to guess."""
@@ -110,7 +114,7 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
         golds = retriever.fetch(list(q["gold_passage_ids"]))
         answer = next(a.strip() for a in q["answers"] if a.strip())
         steps = trace_steps([(g.title, g.text) for g in golds], answer)
-        response = fit_trace(steps, answer, n_tokens, config.response_tokens - 1)  # room for the end token
+        response = fit_trace(steps, answer, n_tokens, config.response_tokens - 1, step_words)  # room for the end token
         docs = evidence_for(found, golds, top_k, q["id"])
         context = sardi_prompt(q["question"], evidence(docs, passage_words))
         if grounded_only and answer.lower() not in ("yes", "no") and answer.lower() not in context.lower():
@@ -119,12 +123,52 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
     return out
 
 
+def answer_probe(questions: Sequence[dict], retriever, config, *, top_k: int, passage_words: int,
+                 examples: int = 3) -> Callable:
+    """A checkpoint's answers to held-out questions: DLM static retrieval (the question's top-K
+    as evidence at every step, SARDI's prompt and commit rule, tau_c 0.9) through the served
+    ``denoise`` operation. Masked-word accuracy on gold traces does not show whether the
+    denoiser, choosing every token itself, reaches an answer; this does."""
+    from specrag.evaluation.metrics import contains, exact_match, f1
+
+    def probe(folder) -> dict:
+        from specrag.inference import Engine, EngineConfig, Services
+        from specrag.inference.local import LocalBackend, LocalModelConfig
+        from specrag.methods import create_method
+        from specrag.methods.local_run import run_method
+        started = time.time()
+        backend = LocalBackend(LocalModelConfig(str(folder), num_threads=config.threads))
+        engine = Engine(Services(models={"denoiser": backend}, retriever=retriever),
+                        EngineConfig(max_batch=max(1, len(questions))))
+        method = create_method("sardi", query="question", max_new_tokens=config.response_tokens,
+                               steps=config.response_tokens, top_k=top_k, passage_words=passage_words)
+        try:
+            states, failures = run_method(engine, method, [dict(q) for q in questions])
+        finally:
+            engine.close()
+        if failures:
+            raise RuntimeError(f"the answer probe failed on {len(failures)} question(s): {failures[0]}")
+        gold = [q["answers"] for q in questions]
+        mean = lambda xs: round(100 * sum(xs) / max(1, len(xs)), 2)  # noqa: E731
+        return {"n": len(states), "em": mean([exact_match(s.answer or "", g) for s, g in zip(states, gold)]),
+                "f1": mean([f1(s.answer or "", g) for s, g in zip(states, gold)]),
+                "contains": mean([contains(s.raw_output or "", g) for s, g in zip(states, gold)]),
+                "answered": sum(bool(s.answer) for s in states), "wall_s": round(time.time() - started, 1),
+                "examples": [{"question": q["question"], "gold": list(g), "response": s.raw_output, "answer": s.answer}
+                             for q, g, s in list(zip(questions, gold, states))[:examples]]}
+
+    return probe
+
+
 def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split: str = "aed_train",
                        top_k: int = 7, passage_words: int = 40, max_passages: int = 0, overwrite: bool = False,
-                       max_failure_fraction: float = 0.5, base: str = "all-minilm-l6-v2", progress=None) -> dict:
+                       max_failure_fraction: float = 0.5, base: str = "all-minilm-l6-v2", progress=None,
+                       step_words: int = 0, probe_questions: int = 0) -> dict:
     """Traces of the split's questions among ``queries`` (a Parquet glob), corpus passages of
     the index, then training; returns the report. Query rows that fail validation are dead
-    letters beside the model (pipelines/training_inputs.py)."""
+    letters beside the model (pipelines/training_inputs.py). ``probe_questions`` > 0: at each
+    checkpoint that many held-out questions (those of the held-back traces) are answered
+    (``answer_probe``), and the best checkpoint by their F1 is kept."""
     from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows
     from specrag.schemas.validation import validate_query
     refuse_existing_model(out_dir, overwrite)
@@ -143,7 +187,8 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     if not rows:
         raise ValueError(f"no question of split {split!r} in {queries!r}")
     retriever = open_retriever(index, "bm25")
-    traces = build_traces(rows, retriever, config, top_k=top_k, passage_words=passage_words, base=base)
+    traces = build_traces(rows, retriever, config, top_k=top_k, passage_words=passage_words, base=base,
+                          step_words=step_words)
     if not traces:
         raise ValueError(f"no trace: none of the {len(rows)} questions of {split!r} has gold passages holding its "
                          "answer within the evidence cut")
@@ -151,11 +196,19 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     passages = [passage_text(t, x) for t, x in zip(store.titles, store.texts)]
     if max_passages:
         passages = passages[:max_passages]
-    report = train_denoiser(passages, traces, config, out_dir, base=base, progress=progress, provenance={
+    probe = None
+    if probe_questions:
+        from specrag.inference.denoiser_training import split_held_out
+        held = {t.id for t in split_held_out(traces, config.held_out, config.seed)[1]}
+        probed = [r for r in rows if r["id"] in held][:probe_questions]
+        probe = answer_probe(probed, retriever, config, top_k=top_k, passage_words=passage_words) if probed else None
+    report = train_denoiser(passages, traces, config, out_dir, base=base, progress=progress, probe=probe, provenance={
         "split": split_fingerprint(split), "queries": dataset_fingerprint(files),
         "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
         "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
                      "golds": "forced into the top-k"},
-        "questions": len(rows), "traces_kept": len(traces), "dead_letters": len(dead),
+        "questions": len(rows), "traces_kept": len(traces), "dead_letters": len(dead), "step_words": step_words,
+        "probe": {"questions": probe_questions, "method": "sardi, query=question (DLM static), tau_c=0.9",
+                  "from": "the held-back traces' questions"} if probe else None,
         "kept": "traces whose answer (other than yes/no) occurs in the evidence as cut"})
     return {**asdict(report), "dead_letters": len(dead)}

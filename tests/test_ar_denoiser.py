@@ -92,3 +92,84 @@ def test_a_saved_adapted_denoiser_is_served_by_the_denoise_operation(adapted, tm
     logits[:, inputs.banned] = float("-inf")
     assert out.argmax[0] == word and out.confidence[0] == 1.0  # committed
     assert out.argmax[1:] == logits.argmax(-1).tolist()[1:]
+
+
+def test_prompt_keys_and_values_are_reused_and_give_the_full_forwards_logits(adapted):
+    """Rows of different context and window lengths (one context cut to fit): the cached path's
+    logits equal the full forward's, and a second step over the same prompts computes no prompt."""
+    from specrag.inference.ar_denoiser import ARDenoiserInputs, PromptCache, cached_response_logits
+    model, base = adapted
+    inputs = ARDenoiserInputs(base.tokenizer, max_positions=48)
+    word = inputs.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+    contexts = [inputs.context_ids(t) for t in ("Name a city.", "Which city is the capital of France, the country "
+                                                "in western Europe whose capital is on the Seine river? Say it.", "Hi")]
+    responses = [[inputs.mask] * 6, [word] + [inputs.mask] * 7, [inputs.mask, word, inputs.mask]]
+    ids, attention, types, starts, cut = inputs.batch(contexts, responses)
+    assert cut[1] > 0  # the long context is cut to fit 48 positions
+    where = inputs.response_positions(ids.shape, starts, [len(r) for r in responses])
+    cache = PromptCache()
+    with torch.no_grad():
+        full = model(ids, attention, types, positions=where)
+        cached, cached_cut = cached_response_logits(model, inputs, cache, contexts, responses)
+        assert cached_cut == cut and cache.stats["misses"] == 3
+        assert torch.allclose(cached, full, atol=2e-3), (cached - full).abs().max()
+        assert torch.equal(cached.argmax(-1), full.argmax(-1))
+        again, _ = cached_response_logits(model, inputs, cache, contexts, responses)
+    assert cache.stats == {"hits": 3, "misses": 3, "evictions": 0, "computed_tokens": sum(len(c) - 1 for c in
+                                                                                        [inputs.fit(c, len(r))[0] for c, r in zip(contexts, responses)])}
+    assert torch.equal(again, cached)
+
+
+def _toy_training(tmp_path, probe, **settings):
+    """MiniLM (the small test denoiser) on a few synthetic traces: orchestration, not quality."""
+    from specrag.inference.denoiser_training import DenoiserTrainingConfig, TraceExample, train_denoiser
+    facts = [("Paris", "France"), ("Rome", "Italy"), ("Madrid", "Spain"), ("Berlin", "Germany"), ("Lisbon", "Portugal"),
+             ("Vienna", "Austria"), ("Athens", "Greece"), ("Dublin", "Ireland"), ("Oslo", "Norway"), ("Bern", "Switzerland")]
+    traces = [TraceExample(f"q{i}", f"Question: capital of {c}? Facts: {city} is the capital of {c}.",
+                           f"Step 1: {city} is the capital of {c}.\n### {city}") for i, (city, c) in enumerate(facts)]
+    passages = [f"{city} is the capital and largest city of {c}." for city, c in facts]
+    config = DenoiserTrainingConfig(**{"corpus_steps": 2, "trace_epochs": 3, "batch_size": 4, "response_tokens": 16,
+                                       "max_positions": 64, "held_out": 0.2, "checkpoint_every": 1, **settings})
+    return train_denoiser(passages, traces, config, tmp_path / "model", probe=probe)
+
+
+def test_checkpoints_keep_the_best_stop_early_and_resume_where_a_killed_run_stopped(tmp_path):
+    """The probe's F1 picks the weights kept; patience stops training; a run killed after a
+    checkpoint resumes from it and ends with the uninterrupted run's losses and weights."""
+    import json
+    from safetensors.torch import load_file
+    from specrag.inference.denoiser_training import partial_dir
+    scores = iter([10.0, 30.0, 20.0, 20.0, 20.0, 20.0])
+    report = _toy_training(tmp_path / "a", lambda folder: {"f1": next(scores), "folder": str(folder)}, patience=2)
+    assert [c["step"] for c in report.checkpoints] == [1, 2, 3, 4] and report.stopped_early
+    assert report.best_step == 2 and not partial_dir(tmp_path / "a" / "model").exists()
+    card = json.loads((tmp_path / "a" / "model" / "training_manifest.json").read_text())
+    assert card["report"]["best_step"] == 2
+
+    class Killed(Exception):
+        pass
+
+    calls = []
+
+    def probe(folder):
+        calls.append(folder)
+        if len(calls) == 3:
+            raise Killed  # the process dies during its third checkpoint
+        return {"f1": float(len(calls))}
+
+    rising = iter(range(1, 100))
+    whole = _toy_training(tmp_path / "whole", lambda folder: {"f1": float(next(rising))})
+    with pytest.raises(Killed):
+        _toy_training(tmp_path / "b", probe)
+    assert (partial_dir(tmp_path / "b" / "model") / "state.pt").is_file()
+    import shutil
+    shutil.copytree(partial_dir(tmp_path / "b" / "model"), partial_dir(tmp_path / "c" / "model"))
+    with pytest.raises(ValueError, match="other settings"):  # another run's state is not taken over
+        _toy_training(tmp_path / "c", probe, seed=1)
+    resumed = _toy_training(tmp_path / "b", probe)
+    assert resumed.resumed_at == [2] and [c["step"] for c in resumed.checkpoints] == [1, 2, 3, 4, 5, 6]
+    assert resumed.trace_step_loss == whole.trace_step_loss and resumed.corpus_step_loss == whole.corpus_step_loss
+    assert resumed.best_step == 6 == whole.best_step and not partial_dir(tmp_path / "b" / "model").exists()
+    for name in ("model.safetensors", "mlm_head.safetensors"):
+        a, b = (load_file(str(tmp_path / run / "model" / name)) for run in ("whole", "b"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
