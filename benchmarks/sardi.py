@@ -2,8 +2,10 @@
 
 Pipeline (every step a real specrag job, cached under WORK so a rerun only does what is
 missing): import ../shared/data, BM25 over the pooled corpus, the denoiser
-(`train-denoiser`: corpus passages, then traces of aed_train questions), then the first
-``--questions`` HotpotQA questions of aed_eval answered by:
+(`train-denoiser --base smollm2-135m-instruct`: SmolLM2-135M-Instruct adapted into a
+masked-diffusion LM as Dream-7B was from Qwen2.5-7B; corpus passages, then traces of aed_train
+questions, with checkpoints measured on held-out traces and 20 held-out questions), then the
+first ``--questions`` HotpotQA questions of aed_eval answered by:
 
   sardi (tau_c=0.9), sardi (tau_c=0.95)   Algorithm 1, tau_q = 0
   sardi (tau_q=0.9)                        only confident tentative tokens in the query
@@ -36,7 +38,7 @@ from workloads import imported_data, pooled_index, specrag_cli as specrag, machi
 RESULTS = "benchmarks/results/sardi.md"
 WORK = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
 TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
-WINDOW, PASSAGE_WORDS = 64, 40  # the denoiser's response window and evidence cut (512 positions)
+WINDOW, PASSAGE_WORDS = 100, 40  # the paper's response window; evidence cut to 40 words a passage (CPU cost)
 DLM = ("sardi", [f"max_new_tokens={WINDOW}", f"steps={WINDOW}", f"passage_words={PASSAGE_WORDS}"])
 AR = ("ar-retrieval", [f"max_new_tokens={WINDOW}", f"passage_words={PASSAGE_WORDS}"])
 
@@ -52,21 +54,23 @@ CONFIGS = {
 }
 
 
-# The benchmark's denoiser: every HotpotQA question of aed_train and the first NQ ones, fewer
-# steps than train-denoiser's defaults (all 2,466 questions, 300 corpus steps, 2 epochs: about an
-# hour on 2 cores); the settings are the folder's name and its training manifest's.
+# The benchmark's denoiser: every HotpotQA question of aed_train and the first NQ ones (454 traces
+# kept, 24 held back), SmolLM2-135M-Instruct adapted; about 70 minutes on 2 cores. The settings
+# are the folder's name and its training manifest's.
 TRAIN = {"hotpotqa": 210, "nq": 400}
-TRAINING = ("--corpus-steps", "150", "--trace-epochs", "4", "--batch-size", "16")
+BASE = "smollm2-135m-instruct"
+TRAINING = ("--corpus-steps", "30", "--trace-epochs", "2", "--batch-size", "8", "--learning-rate", "5e-5",
+            "--held-out", "0.05", "--step-words", "20", "--checkpoint-every", "35", "--probe-questions", "20")
 
 
-def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = WORK) -> dict:
+def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = WORK, denoiser_folder: str = "") -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from specrag.evaluation.splits import load_split
     data = imported_data(work, data_dir)
     index = pooled_index(work, data)
     name = "-".join(f"{k}{v}" for k, v in train.items()) + "-" + "-".join(TRAINING[1::2])
-    denoiser = work / "sardi" / f"denoiser-{name}"
+    denoiser = Path(denoiser_folder) if denoiser_folder else work / "sardi" / f"denoiser-{BASE}-{name}"
     if not (denoiser / "specrag_model.json").exists():
         train_ids, rows = set(load_split("aed_train")), []
         for dataset, n in train.items():
@@ -75,7 +79,8 @@ def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = W
         subset.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows), subset)
         specrag("train-denoiser", "--queries", str(subset), "--index", str(index), "--output", str(denoiser),
-                "--response-tokens", str(WINDOW), "--passage-words", str(PASSAGE_WORDS), *TRAINING, "--threads", "2")
+                "--base", BASE, "--max-positions", "1024", "--response-tokens", str(WINDOW),
+                "--passage-words", str(PASSAGE_WORDS), *TRAINING, "--threads", "2")
     held = set(load_split("aed_eval"))
     rows = [r for r in pq.read_table(data / "hotpotqa" / "queries.parquet").to_pylist() if r["id"] in held]
     path = work / "sardi" / f"eval-{n_questions}.parquet"
@@ -115,27 +120,52 @@ def summarise(run: Path, queries: Path) -> dict:
             **{k: mean(v) for k, v in traj.items()}}
 
 
+def training_section(training: dict) -> list[str]:
+    """The denoiser's checkpoints: held-out masked-word accuracy and the probe's answers, so the
+    file shows whether more training helped, and what the denoiser writes."""
+    rows = [{"trace_step": "untrained", **{f"acc@{r}": a for r, a in training["accuracy_untrained"].items()}},
+            {"trace_step": "after corpus", **{f"acc@{r}": a for r, a in training["accuracy_after_corpus"].items()}}]
+    for c in training["checkpoints"]:
+        probe = c.get("probe") or {}
+        rows.append({"trace_step": c["step"], **{f"acc@{r}": a for r, a in c["accuracy"].items()},
+                     **{f"probe_{k}": probe[k] for k in ("em", "f1", "contains", "answered") if k in probe}})
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["", "## Denoiser checkpoints (held-out traces; probe: 20 held-out aed_train questions, DLM static)", "",
+             *markdown_table(rows, columns), "", f"Kept: trace step {training['best_step']}"
+             + (" (stopped early)" if training.get("stopped_early") else "") + ". Probe answers at the kept step:", ""]
+    kept = next((c for c in training["checkpoints"] if c["step"] == training["best_step"]), None)
+    for e in ((kept or {}).get("probe") or {}).get("examples", []):
+        response = " ".join(e["response"].split())
+        lines.append(f"- Q: {e['question']} — gold {e['gold'][:2]} — answer {e['answer']!r} — text: {response[:300]!r}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", default=os.environ.get("SPECRAG_DATA", "../shared/data"))
     ap.add_argument("--questions", type=int, default=40, help="held-back HotpotQA questions (aed_eval)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of the configurations")
+    ap.add_argument("--denoiser", default="", help="a trained denoiser folder (default: train the benchmark's)")
     args = ap.parse_args()
     labels = [c.strip() for c in args.configs.split(",") if c.strip()]
-    paths = prepare(args.data_dir, args.questions)
-    training = json.loads((paths["denoiser"] / "training_manifest.json").read_text())["report"]
+    paths = prepare(args.data_dir, args.questions, denoiser_folder=args.denoiser)
+    manifest = json.loads((paths["denoiser"] / "training_manifest.json").read_text())
+    training = manifest["report"]
     rows = [{"method": label, **summarise(answer(paths, label), paths["eval"])} for label in labels]
     by = {r["method"]: r for r in rows}
-    setup = (f"{machine_line(1)}; two worker processes, one torch thread each. Denoiser: all-MiniLM-L6-v2 + a tied "
-             f"MLM head, masked-diffusion training ({training['trace_examples']} aed_train traces of "
-             f"{' + '.join(f'{n} {k}' for k, n in TRAIN.items())} questions, {' '.join(TRAINING)}, "
-             f"{training['wall_s'] / 60:.0f} minutes; held-out "
-             f"masked-word accuracy {training['accuracy_trained']} vs the untrained head "
-             f"{training['accuracy_untrained']}) — the paper: Dream-7B fine-tuned on gpt-4o-mini traces. AR: "
+    recipe = manifest["training"]
+    setup = (f"{machine_line(1)}; two worker processes, one torch thread each. Denoiser: {BASE} adapted into a "
+             f"masked-diffusion LM (Dream's recipe: its weights, shifted logits, a new mask token, bidirectional "
+             f"response window; inference/ar_denoiser.py), trained on {training['corpus_passages']} corpus passages "
+             f"({recipe['corpus_steps']} steps) then {training['trace_examples']} aed_train traces of "
+             f"{' + '.join(f'{n} {k}' for k, n in TRAIN.items())} questions ({recipe['trace_epochs']} epochs at most, "
+             f"batch {recipe['batch_size']}, lr {recipe['learning_rate']}), {training['wall_s'] / 60:.0f} minutes; "
+             f"kept: trace step {training['best_step']} — the paper: Dream-7B fine-tuned on gpt-4o-mini traces. AR: "
              "SmolLM2-135M-Instruct, untuned (the paper: Qwen2.5-7B fine-tuned on the same traces). BM25 over the "
-             f"pooled corpus, K=7 passages of at most {PASSAGE_WORDS} words, a {WINDOW}-token response (the paper: "
-             f"100). {args.questions} held-back HotpotQA questions (aed_eval).\n")
-    report = "\n".join(["", "## Quality, latency and evidence along the generation", "",
+             f"pooled corpus, K=7 passages of at most {PASSAGE_WORDS} words (the paper: whole passages), a "
+             f"{WINDOW}-token response and {WINDOW} steps at most (the paper's). {args.questions} held-back HotpotQA "
+             "questions (aed_eval).\n")
+    report = "\n".join([*training_section(training), "", "## Quality, latency and evidence along the generation", "",
                         *markdown_table(rows, ["method", "n", "em", "contains", "latency_s", "recall_at_25pct", "recall_at_50pct",
                                                "recall_at_100pct", "cumulative_recall", "retention"])])
     sardi, static = by.get("sardi (tau_c=0.9)"), by.get("dlm static")

@@ -28,7 +28,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY = 10  # training steps between two progress lines
-BASE_MODEL = "all-minilm-l6-v2"
+BASE_MODEL = "smollm2-135m-instruct"  # adapted as Dream-7B was (inference/ar_denoiser.py)
+ENCODER_BASE = "all-minilm-l6-v2"  # the small encoder denoiser: the test suite's, it does not learn to answer
 DEPARTURE = ("a 22M-parameter masked-diffusion denoiser of our own (all-MiniLM-L6-v2 encoder, 512 positions, "
              "uncased WordPiece, with a trained MLM head tied to its embeddings), not the paper's Dream-7B: no "
              "diffusion LM installs offline here; traces are built from the gold passages' sentences, not "

@@ -233,13 +233,14 @@ def cmd_train_utility(args, extra) -> int:
 
 
 def cmd_train_denoiser(args, extra) -> int:
-    from specrag.inference.denoiser_training import DenoiserTrainingConfig
+    from specrag.inference.denoiser_training import DenoiserTrainingConfig, adapts_ar_model
     from specrag.pipelines.denoiser import run_train_denoiser
     config = DenoiserTrainingConfig(corpus_steps=args.corpus_steps, trace_epochs=args.trace_epochs,
                                     batch_size=args.batch_size, learning_rate=args.learning_rate,
                                     head_learning_rate=args.head_learning_rate,
                                     response_tokens=args.response_tokens, held_out=args.held_out, seed=args.seed,
-                                    threads=args.threads, max_positions=args.max_positions,
+                                    threads=args.threads, max_positions=args.max_positions or
+                                    (1024 if adapts_ar_model(args.base) else 512),
                                     checkpoint_every=args.checkpoint_every, patience=args.patience)
     from specrag.pipelines.training_inputs import TrainingInputFailed
     try:
@@ -418,16 +419,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True, help="index folder (bm25) over a corpus holding the gold passages")
     p.add_argument("--output", required=True, help="model folder to write (then --model denoiser=FOLDER)")
     p.add_argument("--split", default="aed_train", help="training split (evaluation/splits/NAME.txt)")
-    p.add_argument("--base", default="all-minilm-l6-v2",
-                   help="the model to start from: an encoder (all-minilm-l6-v2: an MLM head is added) or a causal "
-                        "LM (e.g. smollm2-135m-instruct: adapted into a masked-diffusion LM as Dream-7B was)")
-    p.add_argument("--max-positions", type=int, default=512,
-                   help="the denoiser's window (context + response); MiniLM has 512")
-    p.add_argument("--corpus-steps", type=int, default=300, help="stage 1 steps on corpus passages")
-    p.add_argument("--trace-epochs", type=int, default=2, help="stage 2 passes over the traces")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--learning-rate", type=float, default=1e-4)
-    p.add_argument("--head-learning-rate", type=float, default=5e-4)
+    p.add_argument("--base", default="smollm2-135m-instruct",
+                   help="the model to start from: a causal LM (the default; adapted into a masked-diffusion LM as "
+                        "Dream-7B was) or an encoder (all-minilm-l6-v2, the test suite's small denoiser: an MLM head is "
+                        "added)")
+    p.add_argument("--max-positions", type=int, default=None,
+                   help="the denoiser's window (context + response): default 1024 for a causal LM, 512 for MiniLM")
+    p.add_argument("--corpus-steps", type=int, default=30, help="stage 1 steps on corpus passages")
+    p.add_argument("--trace-epochs", type=int, default=2, help="stage 2 passes over the traces (at most: see --patience)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--head-learning-rate", type=float, default=5e-4, help="the encoder base's new MLM head's")
     p.add_argument("--response-tokens", type=int, default=100,
                    help="the response window (sardi's max_new_tokens; the paper's 100)")
     p.add_argument("--step-words", type=int, default=0, help="cap each trace step at this many words (0: none; the "

@@ -24,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
+from specrag.inference.denoiser_training import BASE_MODEL
+
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 
@@ -96,7 +98,7 @@ def evidence_for(hits: Sequence, golds: Sequence, k: int, seed: str) -> list:
 
 
 def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, passage_words: int = 40,
-                 grounded_only: bool = True, base: str = "all-minilm-l6-v2", step_words: int = 0):
+                 grounded_only: bool = True, base: str = BASE_MODEL, step_words: int = 0):
     """TraceExamples of the questions that have gold passages and an answer; with
     ``grounded_only``, only those whose answer (other than yes/no) occurs in the evidence as cut
     to ``passage_words``: the denoiser learns to copy from its facts, not to guess."""
@@ -162,7 +164,7 @@ def answer_probe(questions: Sequence[dict], retriever, config, *, top_k: int, pa
 
 def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split: str = "aed_train",
                        top_k: int = 7, passage_words: int = 40, max_passages: int = 0, overwrite: bool = False,
-                       max_failure_fraction: float = 0.5, base: str = "all-minilm-l6-v2", progress=None,
+                       max_failure_fraction: float = 0.5, base: str = BASE_MODEL, progress=None,
                        step_words: int = 0, probe_questions: int = 0) -> dict:
     """Traces of the split's questions among ``queries`` (a Parquet glob), corpus passages of
     the index, then training; returns the report. Query rows that fail validation are dead

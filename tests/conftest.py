@@ -266,3 +266,13 @@ def tiny_llama_folder(tmp_path_factory) -> Path:
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
             shutil.copy(f, folder / f.name)
     return folder
+
+
+def adapted_denoiser_folder(folder, base):
+    """A causal LM (here the tiny random Llama) adapted as train-denoiser --base adapts one, untrained."""
+    from specrag.inference.ar_denoiser import new_ar_denoiser
+    from specrag.inference.denoiser_training import DenoiserReport, DenoiserTrainingConfig, save_trained
+    model, tokenizer = new_ar_denoiser(base)
+    save_trained(model, tokenizer, DenoiserTrainingConfig(response_tokens=8, max_positions=64), DenoiserReport(),
+                 folder, str(base), True, {})
+    return folder

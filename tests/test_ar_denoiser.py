@@ -122,7 +122,7 @@ def test_prompt_keys_and_values_are_reused_and_give_the_full_forwards_logits(ada
 
 def _toy_training(tmp_path, probe, **settings):
     """MiniLM (the small test denoiser) on a few synthetic traces: orchestration, not quality."""
-    from specrag.inference.denoiser_training import DenoiserTrainingConfig, TraceExample, train_denoiser
+    from specrag.inference.denoiser_training import ENCODER_BASE, DenoiserTrainingConfig, TraceExample, train_denoiser
     facts = [("Paris", "France"), ("Rome", "Italy"), ("Madrid", "Spain"), ("Berlin", "Germany"), ("Lisbon", "Portugal"),
              ("Vienna", "Austria"), ("Athens", "Greece"), ("Dublin", "Ireland"), ("Oslo", "Norway"), ("Bern", "Switzerland")]
     traces = [TraceExample(f"q{i}", f"Question: capital of {c}? Facts: {city} is the capital of {c}.",
@@ -130,7 +130,7 @@ def _toy_training(tmp_path, probe, **settings):
     passages = [f"{city} is the capital and largest city of {c}." for city, c in facts]
     config = DenoiserTrainingConfig(**{"corpus_steps": 2, "trace_epochs": 3, "batch_size": 4, "response_tokens": 16,
                                        "max_positions": 64, "held_out": 0.2, "checkpoint_every": 1, **settings})
-    return train_denoiser(passages, traces, config, tmp_path / "model", probe=probe)
+    return train_denoiser(passages, traces, config, tmp_path / "model", probe=probe, base=ENCODER_BASE)
 
 
 def test_checkpoints_keep_the_best_stop_early_and_resume_where_a_killed_run_stopped(tmp_path):

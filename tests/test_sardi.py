@@ -217,7 +217,7 @@ def trained_denoiser(imported, pooled_bm25):
     import pyarrow.parquet as pq
     from conftest import REPO, cached_fixture
     from specrag.evaluation.splits import load_split
-    from specrag.inference.denoiser_training import DenoiserTrainingConfig
+    from specrag.inference.denoiser_training import ENCODER_BASE, DenoiserTrainingConfig
     from specrag.pipelines.denoiser import run_train_denoiser
     train = set(load_split("aed_train"))
     rows = []
@@ -233,7 +233,7 @@ def trained_denoiser(imported, pooled_bm25):
         threads = torch.get_num_threads()
         try:
             report = run_train_denoiser(str(out / "queries.parquet"), str(pooled_bm25), str(out / "model"), config,
-                                        passage_words=PASSAGE_WORDS, max_passages=2000)
+                                        passage_words=PASSAGE_WORDS, max_passages=2000, base=ENCODER_BASE)
         finally:  # the later tests' models run with the session's one thread (parity and exactness)
             torch.set_num_threads(threads)
         (out / "report.json").write_text(_json.dumps(report))
@@ -282,10 +282,12 @@ def _eval_questions(imported, n):
 
 
 @pytest.mark.slow
-def test_sardi_through_the_beam_pipeline_equals_the_in_memory_run(imported, pooled_bm25, trained_denoiser, tmp_path):
+@pytest.mark.parametrize("family", ["encoder-mlm", "ar-adapted"])
+def test_sardi_through_the_beam_pipeline_equals_the_in_memory_run(imported, pooled_bm25, tmp_path, family, request):
     """Held-back HotpotQA questions: the answer job (Beam, direct runner) and the engine in
     memory give the same responses, evidence trajectories and answers; evaluate reports the
-    trajectory metrics."""
+    trajectory metrics. Both denoiser families: the trained MiniLM one, and a causal LM adapted
+    as Dream was (the tiny random Llama, untrained: its prompt cache serves every step)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from specrag.evaluation.report import evaluate_run
@@ -298,7 +300,12 @@ def test_sardi_through_the_beam_pipeline_equals_the_in_memory_run(imported, pool
     pq.write_table(pa.Table.from_pylist(rows), queries)
     method = create_method("sardi", max_new_tokens=WINDOW, passage_words=PASSAGE_WORDS, steps=WINDOW)
     # one row per denoise call in both runs: a row's floats never depend on what shares its batch
-    runtime = RuntimeConfig(index_dir=str(pooled_bm25), models=(("denoiser", str(trained_denoiser[0])),),
+    if family == "ar-adapted":
+        from conftest import adapted_denoiser_folder
+        folder = adapted_denoiser_folder(tmp_path / "adapted", request.getfixturevalue("tiny_llama_folder"))
+    else:
+        folder = request.getfixturevalue("trained_denoiser")[0]
+    runtime = RuntimeConfig(index_dir=str(pooled_bm25), models=(("denoiser", str(folder)),),
                             engine=EngineConfig(max_batch=1))
     manifest = run_answer(AnswerJob(str(queries), str(tmp_path / "run"), method, runtime))
     assert manifest["counters"]["answered"] == 4 and manifest["counters"].get("dead_letters", 0) == 0

@@ -442,14 +442,20 @@ def test_utility_predictor_served_by_triton_equals_local(tmp_path):
 
 
 @pytest.mark.slow
-def test_denoiser_served_by_triton_equals_local(tmp_path):
-    """A denoiser (MiniLM + a fresh tied MLM head) served as the `denoiser` model by
-    launch.py --denoiser-model gives the local argmax and confidences, masks and context cut too."""
+@pytest.mark.parametrize("family", ["encoder-mlm", "ar-adapted"])
+def test_denoiser_served_by_triton_equals_local(tmp_path, family, tiny_llama_folder):
+    """A denoiser served as the `denoiser` model by launch.py --denoiser-model gives the local
+    argmax and confidences, masks and context cut too: MiniLM with a fresh tied MLM head, and a
+    causal LM adapted as Dream was (served with its prompt cache, as locally)."""
     from specrag.inference.denoiser import new_denoiser, save_denoiser
     from specrag.inference.types import DenoiseRequest
     from specrag.transforms.runtime import load_backend
-    folder = _untrained_model_folder(tmp_path / "denoiser", new_denoiser, save_denoiser,
-                                     {"kind": "masked-diffusion", "max_positions": 64})
+    if family == "ar-adapted":
+        from conftest import adapted_denoiser_folder
+        folder = adapted_denoiser_folder(tmp_path / "denoiser", tiny_llama_folder)
+    else:
+        folder = _untrained_model_folder(tmp_path / "denoiser", new_denoiser, save_denoiser,
+                                         {"kind": "masked-diffusion", "max_positions": 64})
     empty = tmp_path / "empty"
     empty.mkdir()
     repo = launch.with_trained_models(empty, {"denoiser": folder}, tmp_path / "repo")
@@ -467,6 +473,7 @@ def test_denoiser_served_by_triton_equals_local(tmp_path):
             assert s.argmax == e.argmax and (s.context_tokens, s.truncated_tokens) == (e.context_tokens, e.truncated_tokens)
             np.testing.assert_allclose(s.confidence, e.confidence, atol=1e-5)
         assert expected[1].truncated_tokens > 0 and expected[1].argmax[0] == 2000
+        assert triton.detokenize([[2000, 102]]) == local.detokenize([[2000, 102]])
     finally:
         server.stop()
 
