@@ -41,6 +41,7 @@ PAPER_SETTINGS: dict[str, tuple] = {
     "query": ("question_reasoning", "question"),
     "deduplicate_query": (True,),
     "passage_words": (0,),
+    "end_after_text": (False,),
 }
 
 
@@ -55,6 +56,11 @@ class SARDIConfig(MethodConfig):
     query: str = "question_reasoning"  # question + proxy (SARDI) | question (DLM static) | reasoning
     deduplicate_query: bool = True  # drop repeated words from the proxy (the authors' code)
     passage_words: int = 0  # > 0: cut each passage to this many words (a denoiser with a short window)
+    # an end token commits only right after a committed position, so the end fill grows from the
+    # text's end instead of running in from the window's end (a small denoiser's confident end
+    # fill otherwise commits first everywhere and cuts the text after a few words; LLaDA meets the
+    # same excess of end tokens with block-wise commitment). A departure: the paper has no such rule.
+    end_after_text: bool = False
 
     def validate(self) -> None:
         if not 0.0 < self.tau_c <= 1.0:
@@ -108,6 +114,23 @@ def commit_positions(masked: Sequence[int], confidence: Sequence[float], tau_c: 
         return []
     chosen = [i for i in masked if confidence[i] >= tau_c]
     return chosen or [max(masked, key=lambda i: (confidence[i], -i))]
+
+
+def commit_candidates(masked: Sequence[int], argmax: Sequence[int], confidence: Sequence[float],
+                      response: Sequence[int], mask_id: int, end_ids: set[int], tau_c: float) -> list[int]:
+    """``end_after_text``: the masked positions that may commit — not one predicting an end token
+    unless the position before it is committed, or is an end token committing in this step (a
+    run of end tokens after the text commits at once); all of them when none is left."""
+    allowed: list[int] = []
+    ends_here: set[int] = set()  # end tokens that commit in this step
+    for i in masked:
+        if argmax[i] not in end_ids:
+            allowed.append(i)
+        elif i == 0 or response[i - 1] != mask_id or (i - 1) in ends_here:
+            allowed.append(i)
+            if confidence[i] >= tau_c:
+                ends_here.add(i)
+    return allowed or list(masked)
 
 
 def proxy_ids(response: Sequence[int], argmax: Sequence[int], confidence: Sequence[float], mask_id: int,
@@ -178,6 +201,7 @@ class Denoise:
         question = item.query["question"]
         mask_id = ctx.mask_id(self.denoiser)
         response = [mask_id] * c.max_new_tokens
+        end = set(ctx.eos_ids(self.denoiser))
         last_query = retrieval_query(question, "", c.query)
         docs = await ctx.retrieve(last_query, c.top_k, stage="step-0")
         trace.initial_query, trace.retrievals = last_query, 1
@@ -186,7 +210,9 @@ class Denoise:
                                                    tuple(response)), model=self.denoiser)
             trace.truncated_context_tokens += out.truncated_tokens
             masked = [i for i, t in enumerate(response) if t == mask_id]
-            chosen = masked if step == c.steps else commit_positions(masked, out.confidence, c.tau_c)
+            candidates = (commit_candidates(masked, out.argmax, out.confidence, response, mask_id, end, c.tau_c)
+                          if c.end_after_text else masked)
+            chosen = masked if step == c.steps else commit_positions(candidates, out.confidence, c.tau_c)
             for i in chosen:
                 response[i] = out.argmax[i]
             item.trace.count("generated_tokens", len(chosen))  # the window's positions, as they are committed
@@ -204,7 +230,6 @@ class Denoise:
                 docs = await ctx.retrieve(query, c.top_k, stage=f"step-{step}")
                 trace.retrievals += 1
                 last_query = query
-        end = set(ctx.eos_ids(self.denoiser))
         cut = next((i for i, t in enumerate(response) if t in end), len(response))
         trace.response = ctx.detokenize(response[:cut], model=self.denoiser).strip()
         item.docs = list(docs)

@@ -126,10 +126,10 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
 
 
 def answer_probe(questions: Sequence[dict], retriever, config, *, top_k: int, passage_words: int,
-                 examples: int = 3) -> Callable:
+                 examples: int = 3, end_after_text: bool = True) -> Callable:
     """A checkpoint's answers to held-out questions: DLM static retrieval (the question's top-K
-    as evidence at every step, SARDI's prompt and commit rule, tau_c 0.9) through the served
-    ``denoise`` operation. Masked-word accuracy on gold traces does not show whether the
+    as evidence at every step, SARDI's prompt and commit rule, tau_c 0.9, with the end fill
+    growing from the text: ``end_after_text``) through the served ``denoise`` operation. Masked-word accuracy on gold traces does not show whether the
     denoiser, choosing every token itself, reaches an answer; this does."""
     from specrag.evaluation.metrics import contains, exact_match, f1
 
@@ -140,10 +140,12 @@ def answer_probe(questions: Sequence[dict], retriever, config, *, top_k: int, pa
         from specrag.methods.local_run import run_method
         started = time.time()
         backend = LocalBackend(LocalModelConfig(str(folder), num_threads=config.threads))
+        # one stage holds all of a question's denoising steps: no stage timeout
         engine = Engine(Services(models={"denoiser": backend}, retriever=retriever),
-                        EngineConfig(max_batch=max(1, len(questions))))
+                        EngineConfig(max_batch=max(1, len(questions)), stage_timeout_s=24 * 3600.0))
         method = create_method("sardi", query="question", max_new_tokens=config.response_tokens,
-                               steps=config.response_tokens, top_k=top_k, passage_words=passage_words)
+                               steps=config.response_tokens, top_k=top_k, passage_words=passage_words,
+                               end_after_text=end_after_text)
         try:
             states, failures = run_method(engine, method, [dict(q) for q in questions])
         finally:
@@ -210,7 +212,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
         "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
                      "golds": "forced into the top-k"},
         "questions": len(rows), "traces_kept": len(traces), "dead_letters": len(dead), "step_words": step_words,
-        "probe": {"questions": probe_questions, "method": "sardi, query=question (DLM static), tau_c=0.9",
+        "probe": {"questions": probe_questions, "method": "sardi, query=question (DLM static), tau_c=0.9, end_after_text",
                   "from": "the held-back traces' questions"} if probe else None,
         "kept": "traces whose answer (other than yes/no) occurs in the evidence as cut"})
     return {**asdict(report), "dead_letters": len(dead)}

@@ -416,3 +416,25 @@ def test_traces_name_the_bridge_then_the_answer_and_fit_the_window():
     chosen = evidence_for(hits, [H("g1"), H("g2")], 3, "q1")
     assert {h.doc_id for h in chosen} == {"x", "g1", "g2"} and len(chosen) == 3  # g2 replaced y, the lowest non-gold
     assert evidence_for(hits, [H("g1"), H("g2")], 3, "q1") == chosen  # seeded: the same every time
+
+
+def test_end_after_text_lets_the_end_fill_grow_only_from_committed_text():
+    from specrag.methods.sardi import commit_candidates, commit_positions
+    M, E = 0, 9  # the mask id, the end token
+    response = [5, M, M, M, M, M]  # position 0 committed
+    argmax = [5, 6, E, E, E, E]
+    confident = [1.0, 0.5, 0.95, 0.95, 0.95, 0.95]
+    # the end run right after the text may not start: position 1 (text) is still masked
+    assert commit_candidates([1, 2, 3, 4, 5], argmax, confident, response, M, {E}, 0.9) == [1]
+    assert commit_positions([1], confident, 0.9) == [1]  # at least one: the text position
+    # once position 1 is committed, the whole confident end run behind it commits in one step
+    response = [5, 6, M, M, M, M]
+    candidates = commit_candidates([2, 3, 4, 5], argmax, confident, response, M, {E}, 0.9)
+    assert candidates == [2, 3, 4, 5] and commit_positions(candidates, confident, 0.9) == [2, 3, 4, 5]
+    # an unconfident end token stops the run: the ones after it wait
+    shaky = [1.0, 1.0, 0.5, 0.95, 0.95, 0.95]
+    assert commit_candidates([2, 3, 4, 5], argmax, shaky, response, M, {E}, 0.9) == [2]
+    # nothing left but blocked end tokens: every masked position is a candidate
+    assert commit_candidates([3, 4], argmax, confident, [5, 6, M, M, M, 7], M, {E}, 0.9) == [3, 4]
+    assert create_method("sardi", end_after_text=True).departures() == [
+        {"setting": "end_after_text", "value": True, "paper": [False]}]
