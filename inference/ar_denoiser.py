@@ -25,8 +25,6 @@ work on either.
 """
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
 from pathlib import Path
 
 from specrag.inference.denoiser import DenoiserInputs, padded
@@ -169,34 +167,26 @@ class PromptCache:
     The prompt attends causally to itself only, so its keys and values are the AR model's own and
     never depend on the response: a denoising step over evidence it has seen (SARDI reuses the
     last result while its query is unchanged; DLM static every step) computes the response window
-    and the prompt's last token only, not the ~600 prompt tokens again."""
+    and the prompt's last token only, not the ~600 prompt tokens again. Storage is the engine's
+    prefix cache (one segment per prompt)."""
 
     def __init__(self, budget_bytes: int = PROMPT_CACHE_BYTES):
-        self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[bytes, tuple[list, int]] = OrderedDict()
-        self.bytes = 0
-        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "computed_tokens": 0}
+        from specrag.inference.prefix_cache import PrefixKVCache
+        self.segments = PrefixKVCache(budget_bytes=budget_bytes)
+        self.stats = {"hits": 0, "misses": 0, "computed_tokens": 0}
 
     def layers(self, lm, prefix: list[int]) -> list:
         """Per layer (keys, values) [1, kv heads, len(prefix), head dim] of ``prefix``."""
-        import numpy as np
-        key = hashlib.blake2b(np.asarray(prefix, dtype=np.int64).tobytes(), digest_size=16).digest()
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
+        from specrag.inference.prefix_cache import segment_keys
+        [key] = segment_keys(prefix, [len(prefix)])
+        found = self.segments.lookup([key])
+        if found:
             self.stats["hits"] += 1
             return found[0]
         self.stats["misses"] += 1
         self.stats["computed_tokens"] += len(prefix)
         layers = _prefill(lm, prefix)
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
-        if size <= self.budget_bytes:
-            self._entries[key] = (layers, size)
-            self.bytes += size
-            while self.bytes > self.budget_bytes:
-                _, (_, freed) = self._entries.popitem(last=False)
-                self.bytes -= freed
-                self.stats["evictions"] += 1
+        self.segments.store(key, layers)
         return layers
 
 

@@ -81,7 +81,7 @@ class PrefixKVCache:
             self._entries.clear()
             self.bytes = 0
 
-    def _lookup(self, keys: list[bytes]) -> list[list[tuple[Any, Any]]]:
+    def lookup(self, keys: list[bytes]) -> list[list[tuple[Any, Any]]]:
         found = []
         with self._lock:
             for k in keys:
@@ -92,7 +92,8 @@ class PrefixKVCache:
                 found.append(entry[0])
         return found
 
-    def _store(self, key: bytes, layers: list[tuple[Any, Any]]) -> None:
+    def store(self, key: bytes, layers: list[tuple[Any, Any]]) -> None:
+        """Keep a segment's per-layer (keys, values), evicting the least recently used over the budget."""
         size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
         if size > self.budget_bytes:
             return
@@ -118,7 +119,7 @@ class PrefixKVCache:
         ends = segment_bounds(len(head), len(continuation), self.block_tokens)
         keys = segment_keys(ids, ends)
         # the segment holding the last token is always computed: its forward gives the logits
-        found = self._lookup(keys[:-1])
+        found = self.lookup(keys[:-1])
         past = DynamicCache()
         if found:
             for layer in range(len(found[0])):
@@ -135,7 +136,7 @@ class PrefixKVCache:
             past = res.past_key_values
             if end == len(head) or end - start == self.block_tokens:
                 # a whole segment (the head, a full block; never a partial last block): keep copies
-                self._store(keys[s], [(lay.keys[:, :, start:end].clone(), lay.values[:, :, start:end].clone())
+                self.store(keys[s], [(lay.keys[:, :, start:end].clone(), lay.values[:, :, start:end].clone())
                                       for lay in past.layers])
             start = end
         with self._lock:
