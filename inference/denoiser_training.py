@@ -26,6 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
+from specrag.inference.training_state import adamw_with_warmup, load_state, partial_dir, save_state, split_held_out
+
 log = logging.getLogger(__name__)
 PROGRESS_EVERY = 10  # training steps between two progress lines
 BASE_MODEL = "smollm2-135m-instruct"  # adapted as Dream-7B was (inference/ar_denoiser.py)
@@ -163,29 +165,11 @@ def masked_accuracy(model, inputs, rows, ratio: float, seed: int, end_id: int, b
 
 
 def _optimiser(model, config: DenoiserTrainingConfig, total_steps: int):
-    import torch
     head = [p for n, p in model.named_parameters() if n.startswith("head.")]
     encoder = [p for n, p in model.named_parameters() if not n.startswith("head.")]
     groups = [{"params": encoder, "lr": config.learning_rate}, {"params": head, "lr": config.head_learning_rate}]
     # an adapted AR model has no new head: its one group is the whole model
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=0.01)
-    warmup = max(1, int(config.warmup_ratio * total_steps))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total_steps - s) / max(1, total_steps - warmup)))
-    return optimizer, schedule
-
-
-def split_held_out(examples: Sequence[TraceExample], share: float, seed: int):
-    """Held-back examples chosen by a seeded hash of their ids (stable under reordering)."""
-    import hashlib
-    if share <= 0:
-        return list(examples), []
-    def key(e):
-        return hashlib.sha256(f"{seed}:{e.id}".encode()).hexdigest()
-    ranked = sorted(examples, key=key)
-    n = max(1, round(share * len(ranked))) if len(ranked) > 1 else 0
-    held = {e.id for e in ranked[:n]}
-    return [e for e in examples if e.id not in held], [e for e in examples if e.id in held]
+    return adamw_with_warmup([g for g in groups if g["params"]], config.warmup_ratio, total_steps)
 
 
 def adapts_ar_model(base: str) -> bool:
@@ -203,11 +187,6 @@ def _identity(config: DenoiserTrainingConfig, base: str, passages: Sequence[str]
     for t in traces:
         h.update(json.dumps(asdict(t), sort_keys=True).encode())
     return h.hexdigest()
-
-
-def partial_dir(out_dir: str | Path) -> Path:
-    """Where a training run keeps its last checkpoint (``<output>.partial``) until it finishes."""
-    return Path(str(out_dir).rstrip("/") + ".partial")
 
 
 def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], config: DenoiserTrainingConfig,
@@ -287,7 +266,7 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
             say(f"denoiser training ({stage}): step {len(losses)}/{n_steps}, loss {sum(recent) / len(recent):.4f} "
                 f"(mean of the last {len(recent)}), {spent[stage] / (len(losses) - first):.1f} s/step")
 
-    resumed = _load_state(state_dir, identity)
+    resumed = load_state(state_dir, identity)
     if resumed is None:
         report.accuracy_untrained = accuracy()
         say(f"held-out masked-word accuracy by mask ratio, untrained: {report.accuracy_untrained}")
@@ -344,7 +323,7 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
             stop = bool(config.patience) and best["stale"] >= config.patience and s + 1 < total
             if s + 1 < total and not stop:
                 report.wall_s = round(earlier_wall + time.time() - started, 3)
-                _save_state(state_dir, identity, model, optimizer, schedule, generator, rng, order, s + 1, best,
+                save_state(state_dir, identity, model, optimizer, schedule, generator, rng, order, s + 1, best,
                             best_weights, report)
             if stop:
                 report.stopped_early = True
@@ -364,35 +343,6 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
     save_trained(model, tokenizer, config, report, Path(out_dir), base, adapted, provenance)
     shutil.rmtree(state_dir, ignore_errors=True)
     return report
-
-
-STATE_FILE = "state.pt"
-
-
-def _save_state(state_dir: Path, identity: str, model, optimizer, schedule, generator, rng, order, step: int,
-                best: dict, best_weights, report: DenoiserReport) -> None:
-    """The whole training state, written to a temporary file and renamed (a kill leaves the last one)."""
-    import torch
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / (STATE_FILE + ".tmp")
-    torch.save({"identity": identity, "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(), "generator": generator.get_state(), "rng": rng.bit_generator.state,
-                "torch_rng": torch.get_rng_state(), "order": list(order), "best": dict(best),
-                "best_weights": best_weights, "report": asdict(report)}, tmp)
-    tmp.replace(state_dir / STATE_FILE)
-
-
-def _load_state(state_dir: Path, identity: str) -> dict | None:
-    """The saved state of a run with the same identity; a different run's state is an error."""
-    import torch
-    path = state_dir / STATE_FILE
-    if not path.is_file():
-        return None
-    state = torch.load(path, weights_only=False)
-    if state.get("identity") != identity:
-        raise ValueError(f"{state_dir} holds the checkpoint of a training run with other settings or data: "
-                         "delete it, or rerun with the settings it was made with")
-    return state
 
 
 def save_trained(model, tokenizer, config: DenoiserTrainingConfig, report: DenoiserReport, out: Path, base: str,

@@ -35,6 +35,18 @@ def set_torch_threads(n: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
 
 
+def prompt_token_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """A prompt's ids as every operation feeds them: in the chat template (a user turn, then the
+    assistant's turn opened) when ``chat``; training a model to reply (train-drafter) uses the same."""
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
 SCORE_LOGITS_BUDGET = 512 * 2 ** 20  # bytes of logits one scoring forward may hold
 
 
@@ -108,14 +120,7 @@ class LocalCausalLM:
 
     # -- tokenisation -------------------------------------------------------------------
     def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
-        if chat and self.instruct:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            ids = list(ids)
-        else:
-            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        ids = prompt_token_ids(self.tokenizer, prompt, chat and self.instruct)
         if len(ids) > self.config.max_prompt_tokens:
             raise ValueError(f"prompt has {len(ids)} tokens, over max_prompt_tokens="
                              f"{self.config.max_prompt_tokens} of {self.name}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -126,6 +127,13 @@ def parse_draft(answer_output: str, rationale_output: str) -> tuple[str, str, st
 def draft_text(answer: str, rationale: str) -> str:
     """How a draft reads to the verifier (and in the trace)."""
     return f" {answer}\nRationale: {rationale}" if rationale else f" {answer}"
+
+
+def draft_target_ids(tokenize, answer: str, rationale: str, end_ids: Sequence[int]) -> list[int]:
+    """What a tuned drafter learns to write after the Draft prompt (train-drafter): the answer's
+    tokens and the marker's, as Draft feeds them back before the rationale, then the rationale
+    and the end of the turn, so training and drafting see the same tokens."""
+    return [*tokenize(answer), *tokenize(RATIONALE_PREFIX), *tokenize(" " + rationale), *end_ids]
 
 
 def combined_score(draft: DraftRecord, used: tuple[str, ...], length_normalize: bool = False) -> float:

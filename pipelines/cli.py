@@ -1,5 +1,5 @@
 """The `specrag` command: import-data, build-index, build-datastore, extract-triplets, label-utility,
-train-utility, train-denoiser, answer, evaluate, compare, demo.
+train-utility, train-denoiser, synthesize-rationales, train-drafter, answer, evaluate, compare, demo.
 
 The Beam jobs (answer, build-index, build-datastore, extract-triplets) take their flags from PipelineOptions
 classes (pipelines/options.py): the same definitions make the CLI, ``--help`` and the
@@ -208,6 +208,40 @@ def cmd_label_utility(args, flags) -> int:
     return 0
 
 
+def cmd_synthesize_rationales(args, flags) -> int:
+    from specrag.pipelines.drafter import write_rationales
+    manifest, out = _run_answer_flags(flags, "synthesize-rationales", method_name="rationale-synthesis")
+    if manifest is None:
+        return 1
+    summary = write_rationales(out)
+    print(f"{summary['questions']} questions: {summary['kept']} rationales kept, {summary['filtered']} filtered "
+          f"({', '.join(f'{k} {v}' for k, v in summary['by_reason'].items() if k != 'kept') or 'none'}) in "
+          f"{manifest['wall_s']} s; wrote {summary['rationales']}")
+    return 0
+
+
+def cmd_train_drafter(args, extra) -> int:
+    from specrag.inference.drafter_training import DrafterTrainingConfig
+    from specrag.pipelines.drafter import run_train_drafter
+    from specrag.pipelines.training_inputs import TrainingInputFailed
+    config = DrafterTrainingConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
+                                   max_tokens=args.max_tokens, held_out=args.held_out,
+                                   checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads)
+    try:
+        report = run_train_drafter(args.rationales, args.output, config, base=args.base, overwrite=args.overwrite,
+                                   max_failure_fraction=args.max_failure_fraction,
+                                   progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except TrainingInputFailed as e:
+        print(f"specrag train-drafter: failed: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: report[k] for k in ("cached", "examples", "held_out_examples", "too_long", "epoch_loss",
+                                             "held_out_loss_untrained", "held_out_loss_trained", "best_step",
+                                             "dead_letters", "wall_s")}))
+    print(f"{'reused' if report['cached'] else 'saved'} the drafter in {args.output} "
+          f"(use --method speculative-rag --model drafter={args.output})")
+    return 0
+
+
 def cmd_train_utility(args, extra) -> int:
     from specrag.pipelines.utility import run_train_utility
     from specrag.retrieval.utility_predictor import UtilityTrainingConfig
@@ -397,6 +431,30 @@ def parser() -> argparse.ArgumentParser:
     _add_job_options(p, "answer")
     p.set_defaults(fn=cmd_label_utility)
 
+    p = sub.add_parser("synthesize-rationales", help="rationales for Speculative RAG's drafter: a teacher model "
+                                                     "explains each training question's gold answer from a document "
+                                                     "subset (Beam job: the answer job with method rationale-synthesis)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_job_options(p, "answer")
+    p.set_defaults(fn=cmd_synthesize_rationales)
+
+    p = sub.add_parser("train-drafter", help="instruction-tune Speculative RAG's drafter on synthesize-rationales' output")
+    p.add_argument("--rationales", required=True, help="synthesize-rationales output folder, rationales Parquet or glob")
+    p.add_argument("--output", required=True, help="model folder to write (then --model drafter=FOLDER)")
+    p.add_argument("--base", default="smollm2-135m-instruct", help="the causal LM to tune (any model spec)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--max-tokens", type=int, default=1024, help="prompt + response; longer examples are left out")
+    p.add_argument("--held-out", type=float, default=0.05, help="share of examples kept back for the loss check")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between checkpoints (0: at the end only); the one with the lowest held-out loss is "
+                        "kept, and a killed run resumes from OUTPUT.partial")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    _add_training_output_options(p)
+    p.set_defaults(fn=cmd_train_drafter)
+
     p = sub.add_parser("train-utility", help="train AED-RAG's utility predictor from label-utility's labels")
     p.add_argument("--labels", required=True, help="label-utility output folder, labels Parquet file or glob")
     p.add_argument("--output", required=True, help="model folder to write (then --model utility=FOLDER)")
@@ -511,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
                        else f"unexpected arguments: {unknown}")
     # a Beam job gets all its flags (specrag's and Beam's): they travel with its pipeline options
     flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
-                                                               cmd_extract_triplets, cmd_label_utility) else extra
+                                                               cmd_extract_triplets, cmd_label_utility,
+                                                               cmd_synthesize_rationales) else extra
     try:
         _filesystem_options(flags, [a.split("=", 1)[-1] for a in argv])
         return args.fn(args, flags)

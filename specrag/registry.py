@@ -63,6 +63,7 @@ METHODS = Registry("method", {
     "sps": "specrag.methods.sps:SPS",
     "aed-rag": "specrag.methods.aed_rag:AEDRAG",
     "aed-label": "specrag.methods.aed_rag:AEDLabel",
+    "rationale-synthesis": "specrag.methods.rationale_synthesis:RationaleSynthesis",
     "sardi": "specrag.methods.sardi:SARDI",
     "ar-retrieval": "specrag.methods.active_retrieval:ARRetrieval",
 })

@@ -38,7 +38,9 @@ class RuntimeConfig:
                                            ("scorer", "gemma3-270m"),
                                            ("embedder", "all-minilm-l6-v2"),
                                            ("drafter", "smollm2-135m-instruct"),
-                                           ("verifier", "gemma3-270m"))
+                                           ("verifier", "gemma3-270m"),
+                                           # synthesize-rationales' teacher: the verifier-sized model
+                                           ("teacher", "qwen2.5-coder-1.5b-instruct"))
     index_dir: str | None = None
     retriever: str = "bm25"
     num_threads: int = 1

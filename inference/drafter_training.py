@@ -1,0 +1,266 @@
+"""Instruction-tuning Speculative RAG's drafter on synthesized rationales (paper §3.1, App. A).
+
+The paper fine-tunes Mistral-7B with "the standard language modeling objective" on (question,
+documents) → (answer, rationale). Here: full fine-tuning of a small causal LM (SmolLM2-135M-
+Instruct by default) on the Draft stage's own prompt (the standard RAG prompt on a document
+subset, in the chat template) with the loss on the response only: the answer's tokens, the
+"Rationale:" marker, the rationale and the end of the turn (``draft_target_ids``), so the tuned
+model is served as ``--model drafter=FOLDER`` with no change to the method. Held-back examples
+measure the response's per-token loss before training and at each checkpoint; the checkpoint
+with the lowest is kept. Deterministic for a seed (one thread, seeded order); a killed run
+resumes from ``<output>.partial``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specrag.inference.training_state import adamw_with_warmup, load_state, partial_dir, save_state, split_held_out
+
+log = logging.getLogger(__name__)
+BASE_MODEL = "smollm2-135m-instruct"
+PROGRESS_EVERY = 10
+DEPARTURE = ("the paper tunes Mistral-7B on ~40k Open-Instruct and knowledge-intensive instances with up to 10 "
+             "Contriever documents and Gemini-Ultra rationales; here a small causal LM is fully fine-tuned on the "
+             "synthesized rationales of our training split (BM25 top-10, the 2-document subset the drafter sees at run "
+             "time), written by a local teacher model")
+
+
+@dataclass(frozen=True)
+class DrafterTrainingConfig:
+    epochs: int = 2
+    batch_size: int = 8
+    learning_rate: float = 5e-5
+    warmup_ratio: float = 0.05
+    max_tokens: int = 1024  # prompt + response; a longer example is left out (counted)
+    held_out: float = 0.05
+    checkpoint_every: int = 0  # steps between checkpoints (0: at the end only)
+    seed: int = 0
+    threads: int = 1
+
+    def validate(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or self.max_tokens < 16:
+            raise ValueError("need epochs >= 1, batch_size >= 1, max_tokens >= 16")
+        if not 0 <= self.held_out < 1 or self.learning_rate <= 0 or self.checkpoint_every < 0:
+            raise ValueError("need 0 <= held_out < 1, learning_rate > 0, checkpoint_every >= 0")
+
+
+@dataclass(frozen=True)
+class DrafterExample:
+    """One training pair: the Draft prompt (question + document subset) and its target."""
+
+    id: str
+    prompt: str
+    answer: str
+    rationale: str
+
+
+@dataclass
+class DrafterReport:
+    examples: int = 0
+    held_out_examples: int = 0
+    too_long: int = 0  # examples over max_tokens, left out
+    prompt_tokens: int = 0  # over the training examples
+    response_tokens: int = 0
+    step_loss: list[float] = field(default_factory=list)
+    epoch_loss: list[float] = field(default_factory=list)
+    held_out_loss_untrained: float | None = None  # per response token
+    checkpoints: list[dict] = field(default_factory=list)  # {step, held_out_loss}
+    best_step: int = 0
+    held_out_loss_trained: float | None = None
+    resumed_at: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def encode(tokenizer, example: DrafterExample, chat: bool, end_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) exactly as Draft feeds and reads them."""
+    from specrag.inference.local import prompt_token_ids
+    from specrag.methods.speculative_rag import draft_target_ids
+    tokenize = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731 (the backend's tokenize)
+    return prompt_token_ids(tokenizer, example.prompt, chat), draft_target_ids(tokenize, example.answer,
+                                                                               example.rationale, end_ids)
+
+
+def response_loss(model, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, reduction: str = "mean"):
+    """Cross-entropy of the response tokens given the prompt (right-padded batch); ``sum`` returns
+    (summed loss, response tokens)."""
+    import torch
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, (p, r) in enumerate(rows):
+        n = len(p) + len(r)
+        ids[b, :n] = torch.tensor(p + r)
+        labels[b, len(p):n] = torch.tensor(r)
+        attention[b, :n] = 1
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    target = labels[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+    tokens = int((target != -100).sum())
+    return (loss, tokens) if reduction == "sum" else loss / max(1, tokens)
+
+
+def held_out_loss(model, rows, pad_id: int, batch_size: int) -> float | None:
+    import torch
+    if not rows:
+        return None
+    total, tokens = 0.0, 0
+    model.eval()
+    with torch.inference_mode():
+        for s in range(0, len(rows), batch_size):
+            loss, n = response_loss(model, rows[s:s + batch_size], pad_id, reduction="sum")
+            total, tokens = total + float(loss), tokens + n
+    return round(total / max(1, tokens), 5)
+
+
+def content_key(config: DrafterTrainingConfig, base_identity: str, examples: Sequence[DrafterExample]) -> str:
+    """What the trained weights depend on (threads aside): a folder with this key is reused."""
+    h = hashlib.sha256(json.dumps({**asdict(config), "threads": None, "base": base_identity}, sort_keys=True).encode())
+    for e in examples:
+        h.update(json.dumps(asdict(e), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingConfig, out_dir: str | Path, *,
+                  base: str = BASE_MODEL, provenance: dict | None = None, progress=None) -> DrafterReport:
+    """Fine-tune ``base`` on the examples; save the best checkpoint as a model folder (weights,
+    tokenizer with its chat template, card, training manifest)."""
+    import shutil
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from specrag.inference.local import set_torch_threads
+    from specrag.inference.models import materialise, model_identity
+    config.validate()
+    started = time.time()
+    set_torch_threads(config.threads)
+    torch.manual_seed(config.seed)
+    path = materialise(base)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    chat = bool(tokenizer.chat_template)
+    end_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids or [0])[0]
+    report = DrafterReport()
+    train, held = split_held_out(list(examples), config.held_out, config.seed)
+    encoded = lambda exs: [encode(tokenizer, e, chat, end_ids) for e in exs]  # noqa: E731
+    train_rows, held_rows = encoded(train), encoded(held)
+    fits = lambda r: len(r[0]) + len(r[1]) <= config.max_tokens  # noqa: E731
+    report.too_long = sum(not fits(r) for r in train_rows + held_rows)
+    train_rows, held_rows = [r for r in train_rows if fits(r)], [r for r in held_rows if fits(r)]
+    if not train_rows:
+        raise ValueError(f"no training example fits max_tokens={config.max_tokens} ({len(examples)} given)")
+    report.examples, report.held_out_examples = len(train_rows), len(held_rows)
+    report.prompt_tokens = sum(len(p) for p, _ in train_rows)
+    report.response_tokens = sum(len(r) for _, r in train_rows)
+    say = progress or log.info
+    say(f"drafter training: {len(train_rows)} examples ({report.too_long} too long, left out), {len(held_rows)} held "
+        f"out; base {base}")
+    per_epoch = math.ceil(len(train_rows) / config.batch_size)
+    total = per_epoch * config.epochs
+    optimizer, schedule = adamw_with_warmup([{"params": list(model.parameters()), "lr": config.learning_rate}],
+                                            config.warmup_ratio, total)
+    generator, rng = torch.Generator().manual_seed(config.seed), np.random.default_rng(config.seed)
+    state_dir = partial_dir(out_dir)
+    identity = content_key(config, model_identity(base), examples)
+    resumed = load_state(state_dir, identity)
+    if resumed is None:
+        report.held_out_loss_untrained = held_out_loss(model, held_rows, pad_id, config.batch_size)
+        say(f"held-out response loss, untrained: {report.held_out_loss_untrained}")
+        order, done, best, best_weights, earlier_wall = [], 0, {"score": [float("inf")], "step": 0}, None, 0.0
+    else:
+        model.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        schedule.load_state_dict(resumed["schedule"])
+        for k, v in resumed["report"].items():
+            setattr(report, k, v)
+        rng.bit_generator.state = resumed["rng"]
+        torch.set_rng_state(resumed["torch_rng"])
+        order, done, best, best_weights = resumed["order"], resumed["step"], resumed["best"], resumed["best_weights"]
+        report.resumed_at.append(done)
+        earlier_wall = report.wall_s
+        say(f"drafter training: resumed from {state_dir} at step {done}")
+    resumed = None
+    every = config.checkpoint_every or total
+    spent = 0.0
+    for s in range(done, total):
+        step_started = time.time()
+        if len(order) < config.batch_size:
+            order += rng.permutation(len(train_rows)).tolist()
+        batch, order = [train_rows[i] for i in order[:config.batch_size]], order[config.batch_size:]
+        model.train()
+        loss = response_loss(model, batch, pad_id)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        report.step_loss.append(round(float(loss.detach()), 5))
+        spent += time.time() - step_started
+        if (s + 1) % PROGRESS_EVERY == 0 or s + 1 == total:
+            recent = report.step_loss[-PROGRESS_EVERY:]
+            say(f"drafter training: step {s + 1}/{total}, loss {sum(recent) / len(recent):.4f} (mean of the last "
+                f"{len(recent)}), {spent / (s + 1 - done):.1f} s/step")
+        if (s + 1) % every and s + 1 < total:
+            continue
+        loss_now = held_out_loss(model, held_rows, pad_id, config.batch_size)
+        report.checkpoints.append({"step": s + 1, "held_out_loss": loss_now})
+        score = [loss_now if loss_now is not None else float(np.mean(report.step_loss[-per_epoch:]))]
+        if score < best["score"]:
+            best = {"score": score, "step": s + 1}
+            best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        say(f"drafter checkpoint at step {s + 1}/{total}: held-out response loss {loss_now}; best: step {best['step']}")
+        if s + 1 < total:
+            report.wall_s = round(earlier_wall + time.time() - started, 3)
+            save_state(state_dir, identity, model, optimizer, schedule, generator, rng, order, s + 1, best,
+                       best_weights, report)
+    report.epoch_loss = [round(float(np.mean(report.step_loss[e * per_epoch:(e + 1) * per_epoch])), 5)
+                         for e in range(len(report.step_loss) // per_epoch)]
+    model.load_state_dict(best_weights)
+    report.best_step = best["step"]
+    report.held_out_loss_trained = next(c["held_out_loss"] for c in report.checkpoints if c["step"] == best["step"])
+    report.wall_s = round(earlier_wall + time.time() - started, 3)
+    save_drafter(model, tokenizer, config, report, Path(out_dir), base, identity, provenance)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return report
+
+
+MANIFEST = "training_manifest.json"
+
+
+def save_drafter(model, tokenizer, config: DrafterTrainingConfig, report: DrafterReport, out: Path, base: str,
+                 key: str, provenance: dict | None) -> None:
+    """The model folder: a transformers causal LM any role loads, with the card and the manifest."""
+    from specrag.inference.models import CARD, model_identity
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    manifest = {"training": asdict(config), "report": asdict(report), "base_model": model_identity(base),
+                "content_key": key, "departure": DEPARTURE,
+                "objective": "LM cross-entropy on the response (answer, 'Rationale:' marker, rationale, end of turn) "
+                             "given the Draft prompt in the chat template", **(provenance or {})}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    (out / CARD).write_text(json.dumps({
+        "kind": "causal-lm", "family": "speculative-rag-drafter",
+        "description": f"Speculative RAG drafter ({base} tuned on {report.examples} synthesized rationales)",
+        "base_model": manifest["base_model"], "departure": DEPARTURE, "training_manifest": MANIFEST},
+        indent=2, sort_keys=True))
+
+
+def cached_report(out_dir: str | Path, key: str) -> dict | None:
+    """The training manifest of a finished folder made from the same content, if any."""
+    from specrag.inference.models import CARD
+    out = Path(out_dir)
+    if not (out / CARD).is_file() or not (out / MANIFEST).is_file():
+        return None
+    manifest = json.loads((out / MANIFEST).read_text())
+    return manifest if manifest.get("content_key") == key else None

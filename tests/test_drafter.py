@@ -1,0 +1,130 @@
+"""Speculative RAG's tuned drafter: the splits it trains and is evaluated on, rationale synthesis
+as a Beam job (a real teacher model, the filters), and train-drafter (the loss falls, the folder
+serves as a drafter, a rerun on the same content is reused)."""
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.evaluation.metrics import contains
+from specrag.pipelines.cli import main
+
+
+def test_the_drafter_training_split_shares_no_id_with_any_evaluation_split():
+    from specrag.evaluation.splits import EVALUATION_SPLITS, evaluation_ids, load_split
+    train = set(load_split("drafter_train"))
+    assert train and not train & evaluation_ids()
+    assert set(load_split("aed_train")) <= train  # the same hash: AED's training questions stay training ones
+    assert not set(load_split("drafter_eval")) & set(load_split("aed_train"))
+    for dataset in ("pubhealth:", "arc_challenge:", "nq:", "hotpotqa:"):  # claims and choices are taught too
+        assert any(i.startswith(dataset) for i in train)
+        assert any(i.startswith(dataset) for name in EVALUATION_SPLITS for i in load_split(name))
+    assert not any(i.startswith("popqa:") for i in train)
+
+
+def test_a_rationale_is_kept_only_when_it_names_the_answer():
+    from specrag.methods.rationale_synthesis import clean_rationale, gold_answer, names_answer
+    arc = {"id": "x", "task_type": "multiple_choice", "answers": ["C"], "choice_labels": ["A", "B", "C", "D"],
+           "choices": ["rain", "snow", "hail", "fog"], "question": "?"}
+    assert gold_answer(arc) == ("C", "C. hail", ["hail"])
+    assert names_answer("Hail forms in storms.", ["hail"]) and not names_answer("Rain falls.", ["hail"])
+    assert gold_answer({"id": "y", "task_type": "claim_verification", "answers": ["True"]})[0] == "true"
+    assert names_answer("anything", [])  # a claim's label is judged by entailment, not by name
+    assert clean_rationale("Rationale: Canberra is\nthe capital.\n\nMore.") == "Canberra is the capital."
+    with pytest.raises(ValueError, match="no gold answer"):
+        gold_answer({"id": "z", "task_type": "short_form", "answers": [" "]})
+    from specrag.methods import create_method
+    with pytest.raises(ValueError, match="docs_per_draft=11 exceeds top_k=10"):
+        create_method("rationale-synthesis", docs_per_draft=11)
+
+
+def test_synthesis_writes_rationale_rows_filters_and_refuses_evaluation_ids(demo_tables, demo_index, tmp_path):
+    """SmolLM2-135M as the teacher over five demo questions and one question of an evaluation
+    split: every question is a row with its verdict, the evaluation id a dead letter."""
+    from specrag.evaluation.splits import load_split
+    from specrag.methods.rationale_synthesis import REASONS
+    rows = [r for r in pq.read_table(demo_tables[0]).to_pylist() if r["id"] in
+            ("demo-q00", "demo-q01", "demo-q12", "demo-q19", "demo-q20")]
+    held = {**rows[0], "id": load_split("drafter_eval")[0]}
+    pq.write_table(pa.Table.from_pylist(rows + [held]), tmp_path / "queries.parquet")
+    out = tmp_path / "synthesis"
+    assert main(["synthesize-rationales", "--queries", str(tmp_path / "queries.parquet"), "--index", str(demo_index),
+                 "--output", str(out), "--model", "teacher=smollm2-135m-instruct", "--threads", "1"]) == 0
+    results = [r for f in sorted(out.glob("results-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    dead = [r for f in sorted(out.glob("dead_letters-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert sorted(r["id"] for r in results) == sorted(r["id"] for r in rows)
+    assert [d["id"] for d in dead] == [held["id"]] and "evaluation split" in dead[0]["message"]
+    answers = {r["id"]: r["answers"] for r in rows}
+    for r in results:
+        t = r["trace"]
+        assert t["reason"] in REASONS and t["kept"] == (t["reason"] == "kept")
+        assert t["question"] and t["answer"] == answers[r["id"]][0]
+        if t["reason"] != "answer_not_in_documents":
+            assert len(t["doc_texts"]) == 2 and t["rationale"]  # the 2-document subset the drafter will see
+            assert contains(" ".join(t["doc_texts"]), answers[r["id"]])
+        if t["reason"] == "answer_not_in_rationale":
+            assert not contains(t["rationale"], answers[r["id"]])
+        if t["reason"] in ("kept", "not_entailed"):
+            assert contains(t["rationale"], answers[r["id"]])
+            assert (t["support_yes"] > t["support_no"]) == t["kept"]
+    reasons = [r["trace"]["reason"] for r in results]
+    assert "answer_not_in_rationale" in reasons  # the small teacher names another answer for some
+    summary = json.loads((out / "synthesis.json").read_text())
+    assert summary["questions"] == 5 and summary["kept"] + summary["filtered"] == 5
+    assert summary["by_reason"] == {k: reasons.count(k) for k in sorted(set(reasons))}
+    kept = pq.read_table(out / "rationales.parquet").to_pylist()
+    assert sorted(k["id"] for k in kept) == sorted(r["id"] for r in results if r["trace"]["kept"])
+
+
+def _rationale_rows(demo_tables, n: int = 6) -> list[dict]:
+    """Rationale rows as synthesize-rationales writes them, from demo questions whose answer is in
+    a demo passage (that passage's sentence as the rationale)."""
+    passages = pq.read_table(demo_tables[1]).to_pylist()
+    out = []
+    for q in pq.read_table(demo_tables[0]).to_pylist():
+        found = [p for p in passages if contains(p["text"], q["answers"])]
+        if found and len(out) < n:
+            p, other = found[0], passages[len(out)]
+            out.append({"id": q["id"], "dataset": "demo", "task_type": q["task_type"], "question": q["question"],
+                        "choices": [], "choice_labels": [], "answer": q["answers"][0],
+                        "doc_ids": [p["id"], other["id"]], "doc_titles": [p["title"], other["title"]],
+                        "doc_texts": [p["text"], other["text"]], "rationale": p["text"].split(". ")[0] + ".",
+                        "support_yes": -0.1, "support_no": -2.0})
+    return out
+
+
+def test_train_drafter_lowers_the_loss_and_serves_as_the_drafter(demo_tables, demo_index, tiny_llama_folder,
+                                                                  tmp_path):
+    from specrag.inference.models import model_spec
+    from specrag.pipelines.drafter import RATIONALES
+    rows = _rationale_rows(demo_tables)
+    from specrag.evaluation.splits import load_split
+    leak = {**rows[0], "id": load_split("aed_eval")[0]}  # an evaluation id: a dead letter, never trained on
+    pq.write_table(pa.Table.from_pylist(rows + [leak], schema=RATIONALES), tmp_path / "rationales.parquet")
+    model = tmp_path / "drafter"
+    args = ["train-drafter", "--rationales", str(tmp_path / "rationales.parquet"), "--output", str(model),
+            "--base", str(tiny_llama_folder), "--epochs", "6", "--batch-size", "2", "--learning-rate", "3e-3",
+            "--held-out", "0.2", "--checkpoint-every", "3", "--threads", "1"]
+    assert main(args) == 0
+    manifest = json.loads((model / "training_manifest.json").read_text())
+    report = manifest["report"]
+    assert report["examples"] + report["held_out_examples"] == len(rows)
+    assert report["epoch_loss"][-1] < report["epoch_loss"][0]
+    assert report["held_out_loss_trained"] < report["held_out_loss_untrained"]
+    assert manifest["dead_letters"] == 1
+    assert pq.read_table(model / "dead_letters.parquet").column("id").to_pylist() == [leak["id"]]
+    assert model_spec(str(model)).kind == "causal-lm"
+    stamp = (model / "model.safetensors").stat().st_mtime_ns
+    assert main(args) == 0 and (model / "model.safetensors").stat().st_mtime_ns == stamp  # same content: reused
+    assert main([*args, "--seed", "1"]) == 2  # other settings: the model there is kept unless --overwrite
+    queries = tmp_path / "queries.parquet"
+    pq.write_table(pq.read_table(demo_tables[0]).slice(0, 2), queries)
+    assert main(["answer", "--method", "speculative-rag", "--queries", str(queries), "--index", str(demo_index),
+                 "--output", str(tmp_path / "run"), "--model", f"drafter={model}",
+                 "--model", f"verifier={tiny_llama_folder}", "--set", "drafts=2", "--set", "top_k=4",
+                 "--threads", "1"]) == 0
+    results = [r for f in sorted((tmp_path / "run").glob("results-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert len(results) == 2 and all(len(r["trace"]["drafts"]) == 2 for r in results)
+    run = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert run["identity"]["models"]["drafter"].startswith(str(model))
