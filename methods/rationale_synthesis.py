@@ -17,7 +17,10 @@ subset the drafter will see at run time, and the rationale is judged before it m
   the verifier's own reflection) → else ``not_entailed``.
 
 Every question is a result row with its verdict in the trace (``kept``, ``reason``), so
-kept and filtered counts come from the rows themselves (`pipelines/drafter.py`).
+kept and filtered counts come from the rows themselves (`pipelines/drafter.py`). The trace
+holds ids and generated text only, no copy of the questions or passages: a synthesis run can
+be kept and resumed anywhere, and its rows are joined with the queries and the index's
+passages when the training table is written.
 The paper's prompt (Appendix G) is a figure; ``TEACHER_PROMPT`` follows its description.
 """
 from __future__ import annotations
@@ -34,7 +37,6 @@ from specrag.methods.base import Method, MethodConfig, QueryState
 from specrag.methods.common import Retrieve
 from specrag.methods.prompts import format_documents, task_input
 from specrag.methods.subsets import SUBSET_MODES, query_seed, sample_subsets
-from specrag.retrieval.base import Hit
 
 TEACHER_PROMPT = ("Memorize the documents below and use them as if you already knew them.\n\n"
                   "Documents:\n{documents}\n\n{task}\nAnswer: {answer}\n\n"
@@ -65,17 +67,11 @@ class RationaleSynthesisConfig(MethodConfig):
 
 @dataclass
 class RationaleTrace:
-    """What train-drafter reads back: the drafter's input (question, subset) and target (answer, rationale)."""
+    """The verdict on one training question: the drafter's subset and target (answer, rationale)."""
 
-    question: str = ""
     task_type: str = ""
-    choices: list[str] = field(default_factory=list)
-    choice_labels: list[str] = field(default_factory=list)
     answer: str = ""  # what the drafter is taught to answer: the gold answer, or the option's label
-    answer_text: str = ""  # as the teacher saw it ("C. Planetary days will become shorter.")
-    doc_ids: list[str] = field(default_factory=list)
-    doc_titles: list[str] = field(default_factory=list)
-    doc_texts: list[str] = field(default_factory=list)
+    doc_ids: list[str] = field(default_factory=list)  # the subset, in the order the prompt lists it
     subset_index: int = -1  # which sampled subset (-1: none held an answer)
     rationale: str = ""
     answer_in_rationale: bool = False
@@ -115,6 +111,11 @@ def clean_rationale(text: str) -> str:
 
 
 @dataclass
+class SubsetState:
+    docs: list = field(default_factory=list)  # the chosen subset's documents (Hits)
+
+
+@dataclass
 class CheckTrainingId:
     """A question of an evaluation split never becomes training data (a dead letter says so)."""
 
@@ -140,10 +141,8 @@ class ChooseSubset:
     async def run(self, item: QueryState, ctx) -> QueryState:
         c, docs = self.config, item.docs
         trace = item.trace.of(RationaleTrace)
-        q = item.query
-        trace.question, trace.task_type = q["question"], q["task_type"]
-        trace.choices, trace.choice_labels = list(q.get("choices") or []), list(q.get("choice_labels") or [])
-        trace.answer, trace.answer_text, must_name = gold_answer(item.query)
+        trace.task_type = item.query["task_type"]
+        trace.answer, _, must_name = gold_answer(item.query)
         if len(docs) < c.docs_per_draft:
             trace.reason = "answer_not_in_documents"
             return item
@@ -156,8 +155,7 @@ class ChooseSubset:
             if not open_task or contains(" ".join(f"{d.title} {d.text}" for d in chosen), must_name):
                 trace.subset_index = j
                 trace.doc_ids = [d.doc_id for d in chosen]
-                trace.doc_titles = [d.title or "" for d in chosen]
-                trace.doc_texts = [d.text for d in chosen]
+                item.state_of(SubsetState).docs = chosen
                 return item
         trace.reason = "answer_not_in_documents"
         return item
@@ -177,7 +175,7 @@ class Rationalize:
             return item
         q = item.query
         _, answer_text, must_name = gold_answer(q)
-        docs = [Hit(i, 0.0, t, x) for i, t, x in zip(trace.doc_ids, trace.doc_titles, trace.doc_texts)]
+        docs = item.state_of(SubsetState).docs
         prompt = TEACHER_PROMPT.format(documents=format_documents(docs), task=task_input(q), answer=answer_text)
         out = await ctx.generate(GenerateRequest(prompt, max_new_tokens=self.config.max_new_tokens, stop=("\n\n",)),
                                  model="teacher")
@@ -208,6 +206,7 @@ class RationaleSynthesis(Method):
     name = "rationale-synthesis"
     config_class = RationaleSynthesisConfig
     needs = {"teacher": (GENERATE, SCORE), "embedder": (EMBED,)}
+    state_class = SubsetState
     trace_class = RationaleTrace
     needs_retriever = True
 

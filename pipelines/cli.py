@@ -209,11 +209,15 @@ def cmd_label_utility(args, flags) -> int:
 
 
 def cmd_synthesize_rationales(args, flags) -> int:
+    from specrag.pipelines.answer import RunFailed, run_answer
     from specrag.pipelines.drafter import write_rationales
-    manifest, out = _run_answer_flags(flags, "synthesize-rationales", method_name="rationale-synthesis")
-    if manifest is None:
+    job = answer_job_from_flags(flags, "synthesize-rationales", "rationale-synthesis")
+    try:
+        manifest = run_answer(job)
+    except RunFailed as e:
+        print(f"specrag synthesize-rationales: failed: {e}", file=sys.stderr)
         return 1
-    summary = write_rationales(out)
+    summary = write_rationales(job.output, job.queries, job.runtime.index_dir)
     print(f"{summary['questions']} questions: {summary['kept']} rationales kept, {summary['filtered']} filtered "
           f"({', '.join(f'{k} {v}' for k, v in summary['by_reason'].items() if k != 'kept') or 'none'}) in "
           f"{manifest['wall_s']} s; wrote {summary['rationales']}")

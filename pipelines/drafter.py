@@ -2,8 +2,9 @@
 
 synthesize-rationales is a Beam job: the ``rationale-synthesis`` method through the same
 runtime as ``answer`` (engine per worker, micro-batched teacher calls, dead letters, resume,
-progress), then its typed traces flattened into ``rationales.parquet`` (the kept examples)
-and ``synthesis.json`` (kept and filtered counts by reason, tokens). train-drafter tunes the
+progress), then its typed traces (ids and generated text) joined with the questions and the
+passages into ``rationales.parquet`` (the kept examples, the training table) and
+``synthesis.json`` (kept and filtered counts by reason). train-drafter tunes the
 drafter on them (inference/drafter_training.py) and saves a model folder any run names with
 ``--model drafter=FOLDER``.
 """
@@ -35,11 +36,18 @@ RATIONALES_FILE = "rationales.parquet"
 SUMMARY_FILE = "synthesis.json"
 
 
-def write_rationales(run_dir: str) -> dict:
-    """The synthesis run's results → ``rationales.parquet`` (kept rows, by id) and the summary."""
+def write_rationales(run_dir: str, queries: str, index: str) -> dict:
+    """The synthesis run's results, joined with their questions (``queries``) and the subsets'
+    passages (the ``index``'s store) → ``rationales.parquet`` (kept rows, by id) and the summary."""
+    from specrag.transforms.parquet_io import expand_inputs
     seen, kept, reasons, by_dataset = set(), [], Counter(), Counter()
     rows = [r for f in sorted(match_files(join(run_dir, "results-*.parquet")))
             for r in read_parquet(f, columns=["id", "dataset", "trace"]).to_pylist()]
+    wanted = {r["id"] for r in rows if r["trace"]["kept"]}
+    questions = {q["id"]: q for f in expand_inputs(queries) for q in read_parquet(f).to_pylist() if q.get("id") in wanted}
+    passages = read_parquet(join(index, "passages.parquet"), columns=["id", "title", "text"]).to_pylist()
+    doc_ids = {d for r in rows if r["trace"]["kept"] for d in r["trace"]["doc_ids"]}
+    passage = {p["id"]: p for p in passages if p["id"] in doc_ids}
     for r in sorted(rows, key=lambda r: r["id"]):
         if r["id"] in seen:  # a retried shard may repeat a query
             continue
@@ -47,12 +55,16 @@ def write_rationales(run_dir: str) -> dict:
         t = r["trace"]
         reasons[t["reason"]] += 1
         if t["kept"]:
+            q, docs = questions.get(r["id"]), [passage.get(d) for d in t["doc_ids"]]
+            if q is None or None in docs:
+                raise ValueError(f"synthesis row {r['id']}: its question is not in {queries!r} or a passage of its "
+                                 f"subset is not in {index!r}: pass the --queries and --index it was made from")
             by_dataset[r["dataset"] or ""] += 1
             kept.append({"id": r["id"], "dataset": r["dataset"], "task_type": t["task_type"],
-                         "question": t["question"], "choices": t["choices"], "choice_labels": t["choice_labels"],
-                         "answer": t["answer"], "doc_ids": t["doc_ids"], "doc_titles": t["doc_titles"],
-                         "doc_texts": t["doc_texts"], "rationale": t["rationale"], "support_yes": t["support_yes"],
-                         "support_no": t["support_no"]})
+                         "question": q["question"], "choices": q.get("choices") or [],
+                         "choice_labels": q.get("choice_labels") or [], "answer": t["answer"], "doc_ids": t["doc_ids"],
+                         "doc_titles": [d["title"] or "" for d in docs], "doc_texts": [d["text"] for d in docs],
+                         "rationale": t["rationale"], "support_yes": t["support_yes"], "support_no": t["support_no"]})
     write_parquet(join(run_dir, RATIONALES_FILE), pa.Table.from_pylist(kept, schema=RATIONALES))
     summary = {"questions": len(seen), "kept": len(kept), "filtered": len(seen) - len(kept),
                "by_reason": dict(sorted(reasons.items())), "kept_by_dataset": dict(sorted(by_dataset.items())),

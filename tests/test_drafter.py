@@ -40,41 +40,65 @@ def test_a_rationale_is_kept_only_when_it_names_the_answer():
 
 
 def test_synthesis_writes_rationale_rows_filters_and_refuses_evaluation_ids(demo_tables, demo_index, tmp_path):
-    """SmolLM2-135M as the teacher over five demo questions and one question of an evaluation
-    split: every question is a row with its verdict, the evaluation id a dead letter."""
+    """SmolLM2-135M as the teacher (no entailment judgement: the next test has it) over four demo
+    questions and one of an evaluation split: every question is a row with its verdict, the
+    evaluation id a dead letter, the kept rows a training table with questions and passages."""
     from specrag.evaluation.splits import load_split
     from specrag.methods.rationale_synthesis import REASONS
     rows = [r for r in pq.read_table(demo_tables[0]).to_pylist() if r["id"] in
-            ("demo-q00", "demo-q01", "demo-q12", "demo-q19", "demo-q20")]
+            ("demo-q00", "demo-q12", "demo-q19", "demo-q20")]
     held = {**rows[0], "id": load_split("drafter_eval")[0]}
     pq.write_table(pa.Table.from_pylist(rows + [held]), tmp_path / "queries.parquet")
     out = tmp_path / "synthesis"
     assert main(["synthesize-rationales", "--queries", str(tmp_path / "queries.parquet"), "--index", str(demo_index),
-                 "--output", str(out), "--model", "teacher=smollm2-135m-instruct", "--threads", "1"]) == 0
+                 "--output", str(out), "--model", "teacher=smollm2-135m-instruct", "--set", "entailment=false",
+                 "--set", "max_new_tokens=32", "--threads", "1"]) == 0
     results = [r for f in sorted(out.glob("results-*.parquet")) for r in pq.read_table(f).to_pylist()]
     dead = [r for f in sorted(out.glob("dead_letters-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert sorted(r["id"] for r in results) == sorted(r["id"] for r in rows)
     assert [d["id"] for d in dead] == [held["id"]] and "evaluation split" in dead[0]["message"]
     answers = {r["id"]: r["answers"] for r in rows}
+    passages = {p["id"]: p["text"] for p in pq.read_table(demo_tables[1]).to_pylist()}
     for r in results:
         t = r["trace"]
         assert t["reason"] in REASONS and t["kept"] == (t["reason"] == "kept")
-        assert t["question"] and t["answer"] == answers[r["id"]][0]
+        assert t["answer"] == answers[r["id"]][0]
         if t["reason"] != "answer_not_in_documents":
-            assert len(t["doc_texts"]) == 2 and t["rationale"]  # the 2-document subset the drafter will see
-            assert contains(" ".join(t["doc_texts"]), answers[r["id"]])
+            assert len(t["doc_ids"]) == 2 and t["rationale"]  # the 2-document subset the drafter will see
+            assert contains(" ".join(passages[d] for d in t["doc_ids"]), answers[r["id"]])
         if t["reason"] == "answer_not_in_rationale":
             assert not contains(t["rationale"], answers[r["id"]])
-        if t["reason"] in ("kept", "not_entailed"):
-            assert contains(t["rationale"], answers[r["id"]])
-            assert (t["support_yes"] > t["support_no"]) == t["kept"]
+        if t["reason"] == "kept":
+            assert contains(t["rationale"], answers[r["id"]]) and t["support_yes"] is None
     reasons = [r["trace"]["reason"] for r in results]
-    assert "answer_not_in_rationale" in reasons  # the small teacher names another answer for some
+    assert "answer_not_in_rationale" in reasons and "kept" in reasons  # the small teacher names another answer for some
     summary = json.loads((out / "synthesis.json").read_text())
-    assert summary["questions"] == 5 and summary["kept"] + summary["filtered"] == 5
+    assert summary["questions"] == 4 and summary["kept"] + summary["filtered"] == 4
     assert summary["by_reason"] == {k: reasons.count(k) for k in sorted(set(reasons))}
     kept = pq.read_table(out / "rationales.parquet").to_pylist()
     assert sorted(k["id"] for k in kept) == sorted(r["id"] for r in results if r["trace"]["kept"])
+    for k in kept:  # the training table holds the question and the passages; the run itself only ids
+        assert k["question"] and k["doc_texts"] == [passages[d] for d in k["doc_ids"]]
+
+
+def test_the_teachers_judgement_filters_a_rationale_it_does_not_find_supporting(demo_tables, demo_index, generator,
+                                                                              embedder):
+    from specrag.inference import Engine, EngineConfig, Services
+    from specrag.methods import create_method
+    from specrag.methods.local_run import run_method
+    from specrag.retrieval.index import open_retriever
+    rows = [r for r in pq.read_table(demo_tables[0]).to_pylist() if r["id"] in ("demo-q00", "demo-q01")]
+    engine = Engine(Services(models={"teacher": generator, "embedder": embedder},
+                             retriever=open_retriever(demo_index, "bm25")), EngineConfig())
+    try:
+        states, failures = run_method(engine, create_method("rationale-synthesis", max_new_tokens=24), rows)
+    finally:
+        engine.close()
+    assert not failures
+    for s in states:
+        t = s.trace.method_record()
+        assert t["answer_in_rationale"] and t["support_yes"] is not None and t["support_no"] is not None
+        assert t["kept"] == (t["support_yes"] > t["support_no"]) and t["reason"] == ("kept" if t["kept"] else "not_entailed")
 
 
 def _rationale_rows(demo_tables, n: int = 6) -> list[dict]:
