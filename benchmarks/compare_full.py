@@ -22,6 +22,7 @@ next. The suite's paths name the folders made here, so ``--work`` must stay ``ru
     python benchmarks/compare_full.py --methods SARDI --prepare-only
     python benchmarks/compare_full.py --report-only                    # report the runs made so far
     python benchmarks/compare_full.py --suite benchmarks/suites/verifier.yaml   # the 1.5B verifier regime
+    python benchmarks/compare_full.py --suite benchmarks/suites/drafter.yaml    # untuned vs tuned drafter
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import aed  # noqa: E402
+import drafter  # noqa: E402
 import sardi  # noqa: E402
 import verifier_regime  # noqa: E402
 from workloads import REPO, imported_data, machine_line, markdown_table, pooled_index, publish  # noqa: E402
@@ -60,6 +62,7 @@ def needs(methods) -> set[str]:
         out |= {"datastore"} if m.flags.get("datastore") else set()
         out |= {"aed"} if m.flags.get("triplets") or any(str(x).startswith("utility=") for x in models) else set()
         out |= {"sardi"} if any(str(x).startswith("denoiser=") for x in models) else set()
+        out |= {"drafter"} if any(str(x).startswith("drafter=") and "/" in str(x) for x in models) else set()
     return out
 
 
@@ -72,6 +75,8 @@ def prepare(data_dir: str, work: Path, datastore_entries: int, wanted: set[str],
         out["triplets"], out["predictor"] = paths["triplets"], aed.train_predictor(paths, UTILITY_TRAIN, UTILITY_TOP_K)
     if "sardi" in wanted:
         out["denoiser"] = sardi.prepare(data_dir, 1, work=work)["denoiser"]
+    if "drafter" in wanted:
+        out["drafter"] = drafter.prepare(data, out["index"], work)
     if "datastore" in wanted:
         datastore = out["datastore"] = work / "datastore"
         if not (datastore / "manifest.json").exists():  # keys from the model in the dtype the suite runs it in
@@ -105,7 +110,7 @@ def main() -> None:
     name = load_suite(suite_file).name
     args.report_dir = args.report_dir or f"benchmarks/results/compare-{name}"
     args.runs_dir = args.runs_dir or f"{args.report_dir}/runs"
-    summary = {"full": summarise, "verifier": verifier_regime.summarise}.get(name)
+    summary = {"full": summarise, "verifier": verifier_regime.summarise, "drafter": drafter.summarise}.get(name)
     if args.summarise_only:
         return summary(Path(args.report_dir) / "compare.json", args.report_dir)
     work = Path(args.work)

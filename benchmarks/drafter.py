@@ -1,0 +1,132 @@
+"""Speculative RAG with the untuned and the tuned drafter: prepare the tuned drafter, summarise the suite.
+
+    python benchmarks/compare_full.py --suite benchmarks/suites/drafter.yaml   # prepare, run, summarise
+    python benchmarks/compare_full.py --suite benchmarks/suites/drafter.yaml --summarise-only
+
+Preparation (each step skipped when its output exists): the first ``TRAIN_PER_DATASET``
+drafter_train questions of NQ, HotpotQA, PubHealth and ARC-Challenge; `specrag
+synthesize-rationales` with the 1.5B teacher (its run under benchmarks/results/drafter/synthesis:
+ids and generated text only, committed, so a stopped synthesis resumes on the next machine);
+`specrag train-drafter` on the kept rationales into runs/full/drafter/drafter-<N>.
+
+benchmarks/results/drafter.md: the data (questions, kept and filtered by reason, tokens), the
+training cost and losses, each method's headline metric and mean latency per dataset, the
+oracle "a right draft exists" rate of each Speculative RAG run (any of its drafts' answers right:
+contains for open questions, the gold label for closed-set ones), and the claim line
+``tuned_minus_untuned`` (points, mean over the sets), ``tuned_minus_standard`` (tuned Speculative
+RAG minus standard RAG with the 1.5B model), ``oracle_draft_gain`` (points of the oracle rate).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import REPO, machine_line, markdown_table, publish, specrag_cli as specrag  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results" / "drafter.md"
+SYNTHESIS = "benchmarks/results/drafter/synthesis"
+TRAIN_PER_DATASET = 150  # the suite names runs/full/drafter/drafter-150
+TRAIN_SETS = ("nq", "hotpotqa", "pubhealth", "arc_challenge")
+TEACHER = "qwen2.5-coder-1.5b-instruct"
+UNTUNED, TUNED, ALONE = "Speculative RAG (untuned drafter)", "Speculative RAG (tuned drafter)", "tuned drafter alone"
+STANDARD_LARGE, STANDARD_SMALL = "standard RAG (Qwen-1.5B)", "standard RAG (SmolLM2-135M)"
+TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
+
+
+def training_questions(data: Path, out: Path, per_dataset: int = TRAIN_PER_DATASET) -> Path:
+    """The first ``per_dataset`` drafter_train questions of each training set (file order)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.evaluation.splits import load_split
+    if out.exists():
+        return out
+    train = set(load_split("drafter_train"))
+    rows = [r for d in TRAIN_SETS for r in
+            [q for q in pq.read_table(data / d / "queries.parquet").to_pylist() if q["id"] in train][:per_dataset]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out
+
+
+def prepare(data: Path, index: Path, work: Path, per_dataset: int = TRAIN_PER_DATASET) -> Path:
+    """The tuned drafter's folder, synthesized and trained where missing."""
+    folder = work / "drafter" / f"drafter-{per_dataset}"
+    if (folder / "training_manifest.json").exists():
+        return folder
+    queries = training_questions(data, work / "drafter" / f"train-{per_dataset}.parquet", per_dataset)
+    synthesis = REPO / SYNTHESIS
+    if not (synthesis / "rationales.parquet").exists():
+        resume = ["--resume"] if (synthesis / "identity.json").exists() else []
+        specrag("synthesize-rationales", "--queries", str(queries), "--index", str(index), "--output", str(synthesis),
+                "--model", f"teacher={TEACHER}", "--threads", "1", "--dtype", "float32", "--stage_timeout", "3600",
+                *TWO_WORKERS, *resume)
+    specrag("train-drafter", "--rationales", str(synthesis), "--output", str(folder), "--checkpoint-every", "20",
+            "--threads", "2")
+    return folder
+
+
+def oracle_rate(run: Path, queries: Path) -> float | None:
+    """Share of questions (%) for which some draft's answer is right."""
+    import pyarrow.parquet as pq
+    from specrag.evaluation.metrics import contains
+    from specrag.transforms.parquet_io import expand_inputs
+    gold = {q["id"]: q for f in expand_inputs(str(queries)) for q in pq.read_table(f).to_pylist()}
+    hits = {}
+    for f in sorted(run.glob("results-*.parquet")):
+        for r in pq.read_table(f, columns=["id", "trace"]).to_pylist():
+            q = gold[r["id"]]
+            answers = [d["answer"] for d in r["trace"]["drafts"] if d["answer"]]
+            if q["task_type"] in ("multiple_choice", "claim_verification"):
+                right = any(a.strip().lower() == q["answers"][0].strip().lower() for a in answers)
+            else:
+                right = any(contains(a, q["answers"]) for a in answers)
+            hits[r["id"]] = right
+    return round(100 * sum(hits.values()) / len(hits), 1) if hits else None
+
+
+def summarise(report_json: Path, report_dir: str) -> None:
+    from specrag.pipelines.suite import load_suite
+    report = json.loads(Path(report_json).read_text())
+    suite = load_suite(REPO / "benchmarks" / "suites" / "drafter.yaml")
+    queries = {d.name: d.queries for d in suite.datasets}
+    datasets, rows = report["datasets"], report["rows"]
+    labels = list(dict.fromkeys(r["label"] for r in report["runs"]))
+    run_dir = {(r["dataset"], r["label"]): r.get("output") for r in report["runs"]}
+    table, oracle = [], {}
+    for label in labels:
+        row = {"method": label}
+        for d in datasets:
+            r = rows.get(d, {}).get(label)
+            row[d] = f"{r[r['headline_metric']]:.1f} · {r['mean_latency_s']:.1f} s" if r and r.get("n") else "—"
+            if label in (UNTUNED, TUNED, ALONE) and r and r.get("n") and run_dir.get((d, label)):
+                oracle[(d, label)] = oracle_rate(REPO / run_dir[(d, label)], Path(queries[d]))
+        table.append(row)
+    oracle_rows = [{"method": label, **{d: oracle.get((d, label), "—") for d in datasets}}
+                   for label in (UNTUNED, TUNED)]
+
+    def mean_diff(a: str, b: str, values) -> str:
+        xs = [values(d, a) - values(d, b) for d in datasets if values(d, a) is not None and values(d, b) is not None]
+        return f"{statistics.mean(xs):.2f}" if xs else "none"
+
+    headline = lambda d, label: (lambda r: r[r["headline_metric"]] if r and r.get("n") else None)(  # noqa: E731
+        rows.get(d, {}).get(label))
+    claim = (f"tuned_minus_untuned={mean_diff(TUNED, UNTUNED, headline)} "
+             f"tuned_minus_standard={mean_diff(TUNED, STANDARD_LARGE, headline)} "
+             f"oracle_draft_gain={mean_diff(TUNED, UNTUNED, lambda d, label: oracle.get((d, label)))}")
+    synthesis = REPO / SYNTHESIS / "synthesis.json"
+    data = json.loads(synthesis.read_text()) if synthesis.exists() else {}
+    lines = ["## Data", "", f"Synthesis (teacher {TEACHER}): `{json.dumps(data)}`" if data else "Synthesis: not run.", ""]
+    manifests = sorted((REPO / "runs" / "full" / "drafter").glob("drafter-*/training_manifest.json"))
+    if manifests:
+        m = json.loads(manifests[-1].read_text())["report"]
+        lines += [f"Training: {m['examples']} examples ({m['prompt_tokens']} prompt and {m['response_tokens']} response "
+                  f"tokens), {m['held_out_examples']} held out; epoch loss {m['epoch_loss']}; held-out response loss "
+                  f"{m['held_out_loss_untrained']} → {m['held_out_loss_trained']} (step {m['best_step']}); "
+                  f"{m['wall_s']:.0f} s.", ""]
+    lines += ["## Results (headline metric · mean latency per query)", "", *markdown_table(table, ["method", *datasets]), "",
+              "Oracle: questions with a right draft among the drafts (%)", "", *markdown_table(oracle_rows, ["method", *datasets])]
+    publish(str(RESULTS), "Speculative RAG's drafter, untuned and tuned on synthesized rationales",
+            machine_line(1), "\n".join(lines), claim)
