@@ -11,10 +11,11 @@ subset the drafter will see at run time, and the rationale is judged before it m
 - the question must not be an evaluation split's (its id is refused: a dead letter);
 - open tasks: the subset is the first multi-perspective subset (the method's own sampler)
   that holds a gold answer; none holding one → ``answer_not_in_documents`` (no teacher call);
-- the rationale must name a gold answer (open tasks) or the correct option (multiple choice)
-  → else ``answer_not_in_rationale``;
+- open tasks: the rationale must name a gold answer → else ``answer_not_in_rationale``;
 - the teacher must judge that the rationale supports the answer (log P(Yes) > log P(No),
-  the verifier's own reflection) → else ``not_entailed``.
+  the verifier's own reflection) → else ``not_entailed``: the only test for closed-set tasks,
+  whose label ("true", "C") a rationale need not repeat and whose option is often a sentence
+  the rationale explains rather than quotes.
 
 Every question is a result row with its verdict in the trace (``kept``, ``reason``), so
 kept and filtered counts come from the rows themselves (`pipelines/drafter.py`). The trace
@@ -90,16 +91,16 @@ def gold_answer(query: dict) -> tuple[str, str, list[str]]:
         labels, choices = list(query.get("choice_labels") or []), list(query.get("choices") or [])
         if answers[0] not in labels:
             raise ValueError(f"query {query['id']}: gold label {answers[0]!r} is not one of {labels}")
-        text = choices[labels.index(answers[0])]
-        return answers[0], f"{answers[0]}. {text}", [text]
+        # an option is often a sentence the rationale explains rather than repeats: judged by entailment
+        return answers[0], f"{answers[0]}. {choices[labels.index(answers[0])]}", []
     if query["task_type"] == "claim_verification":
         return answers[0].lower(), answers[0].lower(), []
     return answers[0], answers[0], answers
 
 
 def names_answer(rationale: str, must_name: list[str]) -> bool:
-    """Whether the rationale names one of the answers (normalised containment); a claim's
-    true/false needs no name: the entailment judgement decides."""
+    """Whether the rationale names one of the answers (normalised containment); a closed-set
+    answer needs no name: the entailment judgement decides."""
     return not must_name or bool(contains(rationale, must_name))
 
 

@@ -27,7 +27,7 @@ def test_a_rationale_is_kept_only_when_it_names_the_answer():
     from specrag.methods.rationale_synthesis import clean_rationale, gold_answer, names_answer
     arc = {"id": "x", "task_type": "multiple_choice", "answers": ["C"], "choice_labels": ["A", "B", "C", "D"],
            "choices": ["rain", "snow", "hail", "fog"], "question": "?"}
-    assert gold_answer(arc) == ("C", "C. hail", ["hail"])
+    assert gold_answer(arc) == ("C", "C. hail", [])  # the teacher reads the option; entailment judges
     assert names_answer("Hail forms in storms.", ["hail"]) and not names_answer("Rain falls.", ["hail"])
     assert gold_answer({"id": "y", "task_type": "claim_verification", "answers": ["True"]})[0] == "true"
     assert names_answer("anything", [])  # a claim's label is judged by entailment, not by name
