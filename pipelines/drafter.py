@@ -74,15 +74,6 @@ def write_rationales(run_dir: str, queries: str, index: str) -> dict:
     return summary
 
 
-def rationale_files(pattern: str) -> list[str]:
-    """The rationales Parquet files of a synthesize-rationales folder, a file, or a glob."""
-    files = match_files(pattern) if "*" in pattern or pattern.endswith(".parquet") else []
-    files = files or match_files(join(pattern, RATIONALES_FILE))
-    if not files:
-        raise FileNotFoundError(f"no rationales at {pattern!r} (run `specrag synthesize-rationales` first)")
-    return sorted(files)
-
-
 def validate_rationale(row: dict, evaluation: frozenset[str]):
     """A kept rationale row as a DrafterExample (the Draft prompt rebuilt from its subset)."""
     from specrag.inference.drafter_training import DrafterExample
@@ -115,9 +106,9 @@ def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overw
     from specrag.evaluation.splits import evaluation_ids
     from specrag.inference.drafter_training import cached_report, content_key, train_drafter
     from specrag.inference.models import model_identity
-    from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows
+    from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows, training_tables
     from specrag.transforms.parquet_io import dataset_fingerprint
-    files = rationale_files(rationales)
+    files = training_tables(rationales, RATIONALES_FILE, "synthesize-rationales")
     rows = sorted((r for f in files for r in read_parquet(f).to_pylist()), key=lambda r: str(r.get("id")))
     evaluation = evaluation_ids()
     examples, dead = split_rows(rows, lambda r: validate_rationale(r, evaluation), "train-drafter")

@@ -25,6 +25,17 @@ class TrainingInputFailed(RuntimeError):
     """Too large a share of a training command's input rows could not be used."""
 
 
+def training_tables(pattern: str, file_name: str, command: str) -> list[str]:
+    """The Parquet files a training command reads: a folder's ``file_name`` (what ``command``
+    wrote), a file, or a glob."""
+    from specrag.transforms.files import join, match_files
+    files = match_files(pattern) if "*" in pattern or pattern.endswith(".parquet") else []
+    files = files or match_files(join(pattern, file_name))
+    if not files:
+        raise FileNotFoundError(f"no {file_name} at {pattern!r} (run `specrag {command}` first)")
+    return sorted(files)
+
+
 def refuse_existing_model(folder: str | Path, overwrite: bool) -> None:
     """A model folder with files in it is kept unless ``overwrite``."""
     folder = Path(folder)

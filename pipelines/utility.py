@@ -51,11 +51,8 @@ def write_labels(run_dir: str) -> dict:
 
 def label_files(pattern: str) -> list[str]:
     """The labels Parquet files of a label-utility output folder, a file, or a glob."""
-    files = match_files(pattern) if "*" in pattern or pattern.endswith(".parquet") else []
-    files = files or match_files(join(pattern, LABELS_FILE))
-    if not files:
-        raise FileNotFoundError(f"no labels at {pattern!r} (run `specrag label-utility` first)")
-    return sorted(files)
+    from specrag.pipelines.training_inputs import training_tables
+    return training_tables(pattern, LABELS_FILE, "label-utility")
 
 
 def read_labels(pattern: str) -> list[pa.Table]:
