@@ -45,9 +45,12 @@ def write_rationales(run_dir: str, queries: str, index: str) -> dict:
             for r in read_parquet(f, columns=["id", "dataset", "trace"]).to_pylist()]
     wanted = {r["id"] for r in rows if r["trace"]["kept"]}
     questions = {q["id"]: q for f in expand_inputs(queries) for q in read_parquet(f).to_pylist() if q.get("id") in wanted}
-    passages = read_parquet(join(index, "passages.parquet"), columns=["id", "title", "text"]).to_pylist()
-    doc_ids = {d for r in rows if r["trace"]["kept"] for d in r["trace"]["doc_ids"]}
-    passage = {p["id"]: p for p in passages if p["id"] in doc_ids}
+    import pyarrow.compute as pc
+    doc_ids = sorted({d for r in rows if r["trace"]["kept"] for d in r["trace"]["doc_ids"]})
+    table = read_parquet(join(index, "passages.parquet"), columns=["id", "title", "text"])
+    # only the kept subsets' passages become Python rows (an index may hold millions)
+    passage = {p["id"]: p for p in table.filter(pc.is_in(table.column("id"), pa.array(doc_ids, pa.string())))
+               .to_pylist()}
     for r in sorted(rows, key=lambda r: r["id"]):
         if r["id"] in seen:  # a retried shard may repeat a query
             continue
