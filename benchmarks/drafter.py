@@ -62,7 +62,7 @@ def prepare(data: Path, index: Path, work: Path, per_dataset: int = TRAIN_PER_DA
         resume = ["--resume"] if (synthesis / "identity.json").exists() else []
         specrag("synthesize-rationales", "--queries", str(queries), "--index", str(index), "--output", str(synthesis),
                 "--model", f"teacher={TEACHER}", "--threads", "1", "--dtype", "float32", "--stage_timeout", "3600",
-                *TWO_WORKERS, *resume)
+                "--shard_rows", "1", *TWO_WORKERS, *resume)  # each verdict committed as it comes: a stop loses none
     specrag("train-drafter", "--rationales", str(synthesis), "--output", str(folder), "--checkpoint-every", "20",
             "--threads", "2")
     return folder

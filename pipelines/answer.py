@@ -223,7 +223,7 @@ def run_answer(job: AnswerJob) -> dict:
     with Lease(out) as lease:  # one writer per folder: a second run is refused here
         # --overwrite removes nothing yet: the earlier run is set aside, put back if this run
         # fails, deleted once it has written its outputs and manifest
-        with replacing(out, lambda: _run_files(out), job.overwrite and not job.resume):
+        with replacing(out, lambda: run_files(out), job.overwrite and not job.resume):
             manifest = _run(job, identity, fingerprint, inputs, lease.token)
     rec = manifest["reconciliation"]
     if rec["lost"] > 0:
@@ -249,7 +249,7 @@ def refuse_earlier_run(job: AnswerJob) -> None:
                              "that run, --overwrite to replace it, or choose another --output")
 
 
-def _run_files(out: str) -> list[str]:
+def run_files(out: str) -> list[str]:
     """A run's own files in its folder (results, dead letters, manifest, identity, inputs)."""
     return [f for pattern in ("results-*.parquet", "dead_letters-*.parquet", "manifest.json", IDENTITY_FILE,
                               INPUTS_FILE) for f in match_files(join(out, pattern))]

@@ -355,7 +355,7 @@ def cmd_compare(args, extra) -> int:
     split = lambda v: tuple(x.strip() for x in (v or "").split(",") if x.strip())  # noqa: E731
     outcome = run_compare(args.suite, workdir, args.report_dir, check=args.check, extra_flags=list(extra),
                           limit=args.limit, methods=split(args.methods), datasets=split(args.datasets),
-                          runs_dir=args.runs_dir, report_only=args.report_only)
+                          runs_dir=args.runs_dir, report_only=args.report_only, reuse_from=tuple(args.reuse_from))
     print(Path(outcome.files["markdown"]).read_text())
     print(f"report: {outcome.files['html']} (HTML), {outcome.files['markdown']} (Markdown)")
     failed_jobs = [r for r in outcome.records if r.status == "failed"]
@@ -532,6 +532,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default=None, help="where the report goes (default: the workdir)")
     p.add_argument("--runs-dir", default=None, help="where the answer jobs write (default: WORKDIR/runs); "
                                                     "finished and partial runs there are reused and resumed")
+    p.add_argument("--reuse-from", action="append", default=[], metavar="RUNS_DIR",
+                   help="another suite's runs folder (repeatable): a finished run there with the same run identity "
+                        "and input contents is copied here instead of run again")
     p.add_argument("--report-only", action="store_true", help="start no job: report the finished runs in the "
                                                               "runs folder as their manifests record them")
     p.add_argument("--check", action="store_true", help="fail when a result is outside the suite's expectations")

@@ -99,6 +99,35 @@ def _finished(output: str, fingerprint: str) -> dict | None:
     return manifest if manifest.get("run_fingerprint") == fingerprint else None
 
 
+def reusable_elsewhere(reuse_from: list[str], fingerprint: str, contents: list[dict]) -> str | None:
+    """A finished run in another suite's runs folder (ROOT/DATASET/METHOD) with this run identity
+    and these input contents, whatever its labels: the same job need not run twice."""
+    from specrag.pipelines.answer import INPUTS_FILE
+    from specrag.transforms.files import exists, join, match_files, read_text
+    for root in reuse_from:
+        for manifest in sorted(match_files(join(root, "*", "*", "manifest.json"))):
+            folder = manifest.rsplit("/", 1)[0]
+            if (json.loads(read_text(manifest)).get("run_fingerprint") == fingerprint
+                    and exists(join(folder, INPUTS_FILE))
+                    and json.loads(read_text(join(folder, INPUTS_FILE))) == contents):
+                return folder
+    return None
+
+
+def copy_run(source: str, out: str) -> dict:
+    """A finished run's files copied into this suite's folder (it stays self-contained and
+    versionable on its own); returns the manifest."""
+    from specrag.pipelines.answer import run_files
+    from specrag.transforms.files import join, mkdirs, read_bytes, read_text, write_bytes
+    mkdirs(out)
+    for f in run_files(source):  # results, dead letters, identity and inputs first: the manifest last
+        if not f.endswith("/manifest.json"):
+            write_bytes(join(out, f.rsplit("/", 1)[-1]), read_bytes(f))
+    manifest = read_text(join(source, "manifest.json"))
+    write_bytes(join(out, "manifest.json"), manifest.encode())
+    return json.loads(manifest)
+
+
 def task_types_of(queries: str) -> set[str]:
     """The task types among a dataset's questions (a missing one is short-form, as validation reads it)."""
     from specrag.transforms.files import read_parquet
@@ -112,15 +141,19 @@ def task_types_of(queries: str) -> set[str]:
 
 
 def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir: Path | None = None,
-             report_only: bool = False) -> list[RunRecord]:
+             report_only: bool = False, reuse_from: list[str] = ()) -> list[RunRecord]:
     """Every method × dataset, reusing finished runs; a failed job is recorded and the rest go on;
     a method that answers none of a dataset's task types is not run there (status "not applicable").
     The answer jobs write under ``runs_dir`` (default WORKDIR/runs): a folder kept apart from the
     data copies can be versioned, so a suite longer than one sitting resumes on another machine.
     ``report_only`` starts no job and builds no identity: each finished run found is taken as its
-    manifest records it (trained models of an earlier sitting need not exist), the rest are "not run"."""
+    manifest records it (trained models of an earlier sitting need not exist), the rest are "not run".
+    ``reuse_from``: other suites' runs folders; a finished run there with the same identity and
+    input contents is copied instead of run again."""
     from specrag.methods.base import method_class
-    from specrag.pipelines.answer import IDENTITY_FILE, RunFailed, run_answer, run_fingerprint, run_identity
+    from specrag.pipelines.answer import (IDENTITY_FILE, RunFailed, input_contents, run_answer, run_fingerprint,
+                                          run_identity)
+    from specrag.transforms.parquet_io import dataset_fingerprint, expand_inputs
     from specrag.pipelines.cli import answer_job_from_flags
     from specrag.transforms.files import exists, join, match_files, read_text
     records = []
@@ -167,6 +200,13 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
                     print(f"{step}: reused ({out})", flush=True)
                     continue
                 resume = bool(match_files(join(out, "results-*.parquet"))) or exists(join(out, IDENTITY_FILE))
+                source = None if resume else reusable_elsewhere(
+                    list(reuse_from), run_fingerprint(run_identity(job)),
+                    input_contents(dataset_fingerprint(expand_inputs(job.queries))))
+                if source is not None:
+                    rec.status, rec.manifest = "reused", copy_run(source, out)
+                    print(f"{step}: reused (copied from {source})", flush=True)
+                    continue
                 job = replace(job, resume=resume, overwrite=False)
                 print(f"{step}: {'resuming' if resume else 'running'} {method.method} …", flush=True)
                 started = time.time()
@@ -198,12 +238,14 @@ def check_expectations(suite: Suite, report: dict) -> tuple[list[dict], list[str
 def run_compare(suite_path: str | Path, workdir: str | Path, report_dir: str | Path | None = None,
                 check: bool = False, extra_flags: list[str] = (), limit: int = 0,
                 methods: tuple[str, ...] = (), datasets: tuple[str, ...] = (),
-                runs_dir: str | Path | None = None, report_only: bool = False) -> CompareOutcome:
+                runs_dir: str | Path | None = None, report_only: bool = False,
+                reuse_from: tuple[str, ...] = ()) -> CompareOutcome:
     from specrag.evaluation.compare_report import build_report, write_report
     suite = load_suite(suite_path).narrowed(limit, tuple(methods), tuple(datasets))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    records = run_jobs(suite, workdir, list(extra_flags), Path(runs_dir) if runs_dir else None, report_only)
+    records = run_jobs(suite, workdir, list(extra_flags), Path(runs_dir) if runs_dir else None, report_only,
+                       list(reuse_from))
     report = build_report(suite, records)
     checked, failed = check_expectations(suite, report)
     report["expectations"] = checked

@@ -224,8 +224,8 @@ def run_streaming_answer(job, rows=None) -> dict:
 
     The output folder follows the batch rules: an earlier run is kept unless ``--resume`` (its
     answered ids are skipped) or ``--overwrite`` (set aside, restored if this run fails)."""
-    from specrag.pipelines.answer import (IDENTITY_FILE, INPUTS_FILE, _run_files, check_resumable, refuse_earlier_run,
-                                          run_fingerprint, run_identity)
+    from specrag.pipelines.answer import (IDENTITY_FILE, INPUTS_FILE, check_resumable, refuse_earlier_run,
+                                          run_files, run_fingerprint, run_identity)
     from specrag.pipelines.manifest import job_counters, write_manifest
     from specrag.pipelines.options import new_pipeline
     from specrag.transforms.files import delete, mkdirs, replacing
@@ -239,7 +239,7 @@ def run_streaming_answer(job, rows=None) -> dict:
     if job.resume:
         check_resumable(out, identity)
     mkdirs(out)
-    with Lease(out) as lease, replacing(out, lambda: _run_files(out), job.overwrite and not job.resume):
+    with Lease(out) as lease, replacing(out, lambda: run_files(out), job.overwrite and not job.resume):
         write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
         write_text(join(out, INPUTS_FILE), json.dumps([{"stream": job.queries}], indent=2))
         done = finished_ids_files(out) if job.resume else []

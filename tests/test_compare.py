@@ -10,7 +10,7 @@ import pytest
 
 from specrag.evaluation.compare_report import pareto_svg, render_html, render_markdown
 from specrag.evaluation.stats import paired_bootstrap_ci, pareto_front
-from specrag.pipelines.compare import check_expectations, run_compare
+from specrag.pipelines.compare import check_expectations, reusable_elsewhere, run_compare
 from specrag.pipelines.suite import load_suite, slug
 
 REPO = Path(__file__).resolve().parents[1]
@@ -286,6 +286,22 @@ def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
     assert [r.status for r in outcome2.records] == ["reused", "reused"]  # same identities: nothing runs again
     assert outcome2.report["rows"]["demo"]["standard RAG"]["contains"] == measured
     assert len(outcome2.failed_expectations) == 1 and "outside" in outcome2.failed_expectations[0]
+
+    # another suite, other labels, its own runs folder: the same jobs (identity and inputs) are copied, not run
+    (tmp_path / "u").mkdir()
+    other = _suite(tmp_path / "u", suite_text.split("expect:")[0].replace("name: t", "name: u")
+                   .replace("label: standard RAG", "label: plain RAG"))
+    outcome3 = run_compare(other, tmp_path / "work", runs_dir=tmp_path / "copy", reuse_from=(str(tmp_path / "kept"),))
+    assert [r.status for r in outcome3.records] == ["reused", "reused"]
+    assert outcome3.report["rows"]["demo"]["plain RAG"]["contains"] == measured
+    copied, source = tmp_path / "copy" / "demo" / "plain-rag", tmp_path / "kept" / "demo" / "standard-rag"
+    assert sorted(f.name for f in copied.iterdir()) == sorted(
+        f.name for f in source.iterdir() if f.name.startswith(("results-", "dead_letters-", "manifest", "identity", "inputs")))
+    assert json.loads((copied / "manifest.json").read_text()) == manifest
+    contents = json.loads((source / "inputs.json").read_text())
+    assert reusable_elsewhere([str(tmp_path / "kept")], manifest["run_fingerprint"], contents) == str(source)
+    assert reusable_elsewhere([str(tmp_path / "kept")], manifest["run_fingerprint"], contents[:0]) is None  # other inputs
+    assert reusable_elsewhere([str(tmp_path / "kept")], "0" * 16, contents) is None  # another identity
 
 
 def _chromium() -> str:

@@ -183,3 +183,57 @@ def test_an_sdist_worker_pool_in_another_folder_answers_like_the_fnapi_runner(sd
     assert len(rows["fnapi"]) == 8 and rows["external"] == rows["fnapi"]
     manifest = json.loads((tmp_path / "external" / "manifest.json").read_text())
     assert manifest["counters"]["answered"] == 8 and str(tmp_path / "queries.parquet") in manifest["inputs"]
+
+
+LAUNCHER = """
+import os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from specrag.transforms.runtime import RuntimeConfig, worker_setup
+
+class Hold(beam.DoFn):
+    def __init__(self, folder):
+        self.folder = folder
+    def setup(self):
+        worker_setup(RuntimeConfig(models=()))  # what every specrag DoFn's engine does first
+        self.engine = ThreadPoolExecutor(1)  # interpreter exit waits for its queued calls: no exit on its own
+    def process(self, x):
+        with open(os.path.join(self.folder, f"worker-{os.getpid()}"), "w") as f:
+            f.write(str(os.getpid()))
+        self.engine.submit(time.sleep, 600).result()  # a long model call on the engine's threads
+        yield x
+
+opts = PipelineOptions(["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"])
+with beam.Pipeline(options=opts) as p:
+    p | beam.Create([1, 2]) | beam.Reshuffle() | beam.ParDo(Hold(sys.argv[1]))
+"""
+
+
+def _exited(pid: int) -> bool:
+    try:  # a re-parented child may stay a zombie until its new parent reaps it
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_local_workers_exit_when_the_job_that_launched_them_is_killed(tmp_path):
+    from specrag.transforms.worker_guard import is_sdk_worker_process
+    assert not is_sdk_worker_process()  # the job's own process is never watched (nohup is on purpose)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("worker-*")) and time.time() < deadline:
+        assert launcher.poll() is None, "the launcher failed before its workers ran"
+        time.sleep(0.2)
+    workers = [int(f.read_text()) for f in tmp_path.glob("worker-*")]
+    assert workers and all(w != launcher.pid for w in workers)
+    launcher.kill()  # SIGKILL: no cleanup of its children
+    launcher.wait()
+    deadline = time.time() + 30
+    while not all(_exited(w) for w in workers) and time.time() < deadline:
+        time.sleep(0.5)
+    alive = [w for w in workers if not _exited(w)]
+    for w in alive:
+        os.kill(w, 9)
+    assert not alive, f"SDK workers {alive} kept running after their launcher was killed"

@@ -249,11 +249,15 @@ def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
 
 def worker_setup(config: RuntimeConfig) -> None:
     """What every worker process needs before it loads a model (the launching process's
-    environment does not reach remote workers): no hub access, explicit thread counts."""
+    environment does not reach remote workers): no hub access, explicit thread counts, and
+    an SDK worker that outlives its launcher exits."""
     import os
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                        ("OMP_NUM_THREADS", str(config.num_threads)), ("MKL_NUM_THREADS", str(config.num_threads))):
         os.environ.setdefault(key, value)
+    from specrag.transforms.worker_guard import exit_when_orphaned, is_sdk_worker_process
+    if is_sdk_worker_process():  # a killed job's local workers must not go on computing
+        exit_when_orphaned()
     if config.backend == "local" and config.models:
         from specrag.inference.local import set_torch_threads
         set_torch_threads(config.num_threads)
