@@ -47,6 +47,8 @@ from specrag.pipelines.suite import load_suite  # noqa: E402
 SUITE = REPO / "benchmarks" / "suites" / "full.yaml"
 UTILITY_TRAIN, UTILITY_TOP_K = 300, 5  # benchmarks/aed.py's recorded run (results/aed.md)
 RESULTS = "benchmarks/results/compare_full.md"
+# suites that share questions and settings with another's finished runs: those are copied, not run again
+REUSE_FROM = {"drafter": ["benchmarks/results/compare-verifier/runs"]}
 # claim-line keys: (method, baseline) pairs whose answers must be identical, and paper comparisons
 EXACT = {"ralmspec_same": ("RaLMSpec", "RaLMSeq"), "knnlm_spec_same": ("KNN-LM (RaLMSpec)", "KNN-LM")}
 SPEEDUPS = {"ralmspec_speedup": ("RaLMSpec", "RaLMSeq"), "knnlm_spec_speedup": ("KNN-LM (RaLMSpec)", "KNN-LM"),
@@ -111,6 +113,7 @@ def main() -> None:
     args.report_dir = args.report_dir or f"benchmarks/results/compare-{name}"
     args.runs_dir = args.runs_dir or f"{args.report_dir}/runs"
     summary = {"full": summarise, "verifier": verifier_regime.summarise, "drafter": drafter.summarise}.get(name)
+    reuse = [x for r in REUSE_FROM.get(name, ()) for x in ("--reuse-from", r)]
     if args.summarise_only:
         return summary(Path(args.report_dir) / "compare.json", args.report_dir)
     work = Path(args.work)
@@ -124,7 +127,7 @@ def main() -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "specrag.pipelines.cli", "compare", "--suite", str(suite_file),
-           "--workdir", str(work / "compare"), "--runs-dir", args.runs_dir, "--report-dir", args.report_dir,
+           "--workdir", str(work / "compare"), "--runs-dir", args.runs_dir, "--report-dir", args.report_dir, *reuse,
            *(["--methods", args.methods] if args.methods else []),
            *(["--datasets", args.datasets] if args.datasets else []), *(["--report-only"] if args.report_only else [])]
     print(" ".join(cmd), flush=True)
