@@ -207,10 +207,10 @@ WINDOW, PASSAGE_WORDS = 32, 24  # a short response window and evidence: a test-s
 @pytest.fixture(scope="module")
 def trained_denoiser(imported, pooled_bm25):
     """A denoiser trained on the traces of 160 aed_train questions (~100 kept: the answer in the
-    evidence; 40 corpus steps, 3 trace epochs), cached under its inputs and the training code:
-    638 s beside the other test process (2026-11-26). Held-out masked-word accuracy: 0 untrained
-    (the end fill everywhere), 0.02-0.04 after the corpus stage, 0.08-0.13 trained — as 8 epochs
-    gave (0.09-0.11) at twice the time."""
+    evidence; 30 corpus steps, 2 trace epochs: 40 and 3 took 638 s beside the other test process,
+    the longest fixture of `make test`), cached under its inputs and the training code. Held-out
+    masked-word accuracy with 40 and 3: 0 untrained (the end fill everywhere), 0.02-0.04 after the
+    corpus stage, 0.08-0.13 trained — as 8 epochs gave (0.09-0.11) at twice the time."""
     import dataclasses
     import json as _json
     import pyarrow as pa
@@ -223,7 +223,7 @@ def trained_denoiser(imported, pooled_bm25):
     rows = []
     for dataset, n in DENOISER_QUESTIONS.items():
         rows += [r for r in pq.read_table(imported / dataset / "queries.parquet").to_pylist() if r["id"] in train][:n]
-    config = DenoiserTrainingConfig(corpus_steps=40, trace_epochs=3, batch_size=8, response_tokens=WINDOW,
+    config = DenoiserTrainingConfig(corpus_steps=30, trace_epochs=2, batch_size=8, response_tokens=WINDOW,
                                     learning_rate=2e-4, head_learning_rate=1e-3, held_out=0.15, seed=5,
                                     threads=2)  # the longest fixture: it gets both cores' worth of threads
 
