@@ -104,9 +104,10 @@ class RuntimeOptions(PipelineOptions):
         with ``method``, only its roles, and a --model of another role is an error."""
         from specrag.inference.engine import EngineConfig
         from specrag.inference.processor import resolve_dtype
-        from specrag.transforms.runtime import RuntimeConfig
+        from specrag.transforms.runtime import ROLE_DEFAULT_MODELS, RuntimeConfig
         roles = self.roles_for(method) if method is not None else None
-        models = self.models_by_role(dict(RuntimeConfig().models), roles, f"method {getattr(method, 'name', '')!r}")
+        defaults = dict(RuntimeConfig().models) | {r: m for r, m in ROLE_DEFAULT_MODELS.items() if r in (roles or ())}
+        models = self.models_by_role(defaults, roles, f"method {getattr(method, 'name', '')!r}")
         triton = None
         if self.backend == "triton" or self.triton_url:
             from specrag.inference.triton import TritonConfig

@@ -167,6 +167,21 @@ def test_an_unknown_role_is_an_error_listing_the_methods_roles():
     assert dict(ok.models) == {"generator": "gemma3-270m"}
 
 
+def test_a_default_model_of_an_optional_extra_goes_only_to_a_method_with_its_role():
+    """The teacher's default (the 1.5B model, `make install-verifier`) is never in RuntimeConfig()'s
+    models: a job built from the defaults computes its identity without the extra installed."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from specrag.methods import create_method
+    from specrag.pipelines.options import RuntimeOptions
+    from specrag.transforms.runtime import ROLE_DEFAULT_MODELS, RuntimeConfig
+    assert not set(ROLE_DEFAULT_MODELS) & set(dict(RuntimeConfig().models))
+    options = PipelineOptions([]).view_as(RuntimeOptions)
+    assert dict(options.runtime_config(create_method("rationale-synthesis")).models)["teacher"] == \
+        "qwen2.5-coder-1.5b-instruct"
+    assert "teacher" not in dict(options.runtime_config(create_method("standard")).models)
+    assert "teacher" not in dict(options.runtime_config().models)
+
+
 def _parts(root: Path, module: str, chunks: list[bytes]) -> None:
     for i, chunk in enumerate(chunks, 1):
         data = root / f"{module}{i}" / "data"

