@@ -153,9 +153,9 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
     from specrag.methods.base import method_class
     from specrag.pipelines.answer import (IDENTITY_FILE, RunFailed, input_contents, run_answer, run_fingerprint,
                                           run_identity)
-    from specrag.transforms.parquet_io import dataset_fingerprint, expand_inputs
     from specrag.pipelines.cli import answer_job_from_flags
     from specrag.transforms.files import exists, join, match_files, read_text
+    from specrag.transforms.parquet_io import dataset_fingerprint, expand_inputs
     records = []
     total = len(suite.datasets) * len(suite.methods)
     for dataset in suite.datasets:
@@ -194,15 +194,15 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
                 job = answer_job_from_flags(flags, "compare")
                 job = replace(job, extra_manifest={"suite": suite.name, "suite_label": method.label,
                                                    "suite_dataset": dataset.name})
-                done = _finished(out, run_fingerprint(run_identity(job)))
+                fingerprint = run_fingerprint(run_identity(job))
+                done = _finished(out, fingerprint)
                 if done is not None:
                     rec.status, rec.manifest = "reused", done
                     print(f"{step}: reused ({out})", flush=True)
                     continue
                 resume = bool(match_files(join(out, "results-*.parquet"))) or exists(join(out, IDENTITY_FILE))
                 source = None if resume else reusable_elsewhere(
-                    list(reuse_from), run_fingerprint(run_identity(job)),
-                    input_contents(dataset_fingerprint(expand_inputs(job.queries))))
+                    list(reuse_from), fingerprint, input_contents(dataset_fingerprint(expand_inputs(job.queries))))
                 if source is not None:
                     rec.status, rec.manifest = "reused", copy_run(source, out)
                     print(f"{step}: reused (copied from {source})", flush=True)
