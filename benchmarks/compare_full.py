@@ -104,8 +104,8 @@ def main() -> None:
     ap.add_argument("--methods", default="", help="comma-separated method labels (their baselines too)")
     ap.add_argument("--datasets", default="", help="comma-separated dataset names")
     ap.add_argument("--prepare-only", action="store_true")
-    ap.add_argument("--report-only", action="store_true", help="no preparation, no job: the report (and, for the "
-                    "whole suite, the results file) from the runs already in --runs-dir")
+    ap.add_argument("--report-only", action="store_true", help="no preparation, no job: the report and the "
+                    "results file from the runs already in --runs-dir")
     ap.add_argument("--summarise-only", action="store_true", help="rewrite the results file from the report")
     args = ap.parse_args()
     suite_file = (REPO / args.suite).resolve()
@@ -114,8 +114,10 @@ def main() -> None:
     args.runs_dir = args.runs_dir or f"{args.report_dir}/runs"
     summary = {"full": summarise, "verifier": verifier_regime.summarise, "drafter": drafter.summarise}.get(name)
     reuse = [x for r in REUSE_FROM.get(name, ()) for x in ("--reuse-from", r)]
+    # what made the runs, whichever slice or report-only call re-records the table
+    command = f"python benchmarks/compare_full.py --suite {args.suite}"
     if args.summarise_only:
-        return summary(Path(args.report_dir) / "compare.json", args.report_dir)
+        return summary(Path(args.report_dir) / "compare.json", args.report_dir, command)
     work = Path(args.work)
     if work.resolve() != (REPO / "runs" / "full").resolve():
         raise SystemExit("the suite's paths name runs/full: run from the repository root with --work runs/full")
@@ -127,17 +129,21 @@ def main() -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "specrag.pipelines.cli", "compare", "--suite", str(suite_file),
-           "--workdir", str(work / "compare"), "--runs-dir", args.runs_dir, "--report-dir", args.report_dir, *reuse,
-           *(["--methods", args.methods] if args.methods else []),
-           *(["--datasets", args.datasets] if args.datasets else []), *(["--report-only"] if args.report_only else [])]
-    print(" ".join(cmd), flush=True)
-    code = subprocess.run(cmd, env=env).returncode
-    if summary and not (args.methods or args.datasets):  # the whole suite: record the summary
-        summary(Path(args.report_dir) / "compare.json", args.report_dir)
+           "--workdir", str(work / "compare"), "--runs-dir", args.runs_dir, "--report-dir", args.report_dir, *reuse]
+    narrowed = [*(["--methods", args.methods] if args.methods else []),
+                *(["--datasets", args.datasets] if args.datasets else [])]
+    run = cmd + narrowed + (["--report-only"] if args.report_only else [])
+    print(" ".join(run), flush=True)
+    code = subprocess.run(run, env=env).returncode
+    if narrowed:  # the report of a slice would replace the suite's: report every run of the suite again
+        print("the whole suite's report:", flush=True)
+        subprocess.run(cmd + ["--report-only"], env=env, check=True)
+    if summary:
+        summary(Path(args.report_dir) / "compare.json", args.report_dir, command)
     raise SystemExit(code)
 
 
-def summarise(report_json: Path, report_dir: str) -> None:
+def summarise(report_json: Path, report_dir: str, command: str | None = None) -> None:
     """benchmarks/results/compare_full.md: the headline metric of every method on every dataset,
     throughput, each method against its paper's baseline, and the claim line."""
     import json
@@ -205,7 +211,7 @@ def summarise(report_json: Path, report_dir: str) -> None:
             "## Each method against its paper's baseline (difference [95% interval], speed-up, same answers)", "",
             *markdown_table(against, ["method", "baseline", *datasets])]
     publish(RESULTS, "Every method on five benchmark sets (benchmarks/suites/full.yaml)", setup, "\n".join(body),
-            " ".join(f"{k}={v}" for k, v in claims.items()))
+            " ".join(f"{k}={v}" for k, v in claims.items()), command)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def oracle_rate(run: Path, queries: Path) -> float | None:
     return round(100 * sum(hits.values()) / len(hits), 1) if hits else None
 
 
-def summarise(report_json: Path, report_dir: str) -> None:
+def summarise(report_json: Path, report_dir: str, command: str | None = None) -> None:
     from specrag.pipelines.suite import load_suite
     report = json.loads(Path(report_json).read_text())
     suite = load_suite(REPO / "benchmarks" / "suites" / "drafter.yaml")
@@ -129,4 +129,4 @@ def summarise(report_json: Path, report_dir: str) -> None:
     lines += ["## Results (headline metric · mean latency per query)", "", *markdown_table(table, ["method", *datasets]), "",
               "Oracle: questions with a right draft among the drafts (%)", "", *markdown_table(oracle_rows, ["method", *datasets])]
     publish(str(RESULTS), "Speculative RAG's drafter, untuned and tuned on synthesized rationales",
-            machine_line(1), "\n".join(lines), claim)
+            machine_line(1), "\n".join(lines), claim, command)

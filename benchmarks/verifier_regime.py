@@ -50,7 +50,7 @@ def comparison(report: dict, method: str, baseline: str) -> list[dict]:
     return out
 
 
-def summarise(report_json: Path, report_dir: str) -> None:
+def summarise(report_json: Path, report_dir: str, command: str | None = None) -> None:
     report = json.loads(Path(report_json).read_text())
     datasets, rows = report["datasets"], report["rows"]
     labels = list(dict.fromkeys(r["label"] for r in report["runs"]))
@@ -96,7 +96,7 @@ def summarise(report_json: Path, report_dir: str) -> None:
             f"{machine_line(1)} (this summary). Full report: `{_shown(report_dir)}/compare.md`.\n\n"
             f"Runs made on: {made_on}. A latency ratio between runs of two machines is marked and left out "
             "of the claim line.\n",
-            "\n".join(body), " ".join(f"{k}={v}" for k, v in claims.items()))
+            "\n".join(body), " ".join(f"{k}={v}" for k, v in claims.items()), command)
 
 
 def _shown(folder: str) -> str:

@@ -245,10 +245,23 @@ def recorded() -> str:
     return f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
 
 
-def publish(results: str, title: str, setup: str, report: str, last_line: str) -> None:
-    """Print the report and its last line; record both with the command that made them."""
+READING = "\n## Reading"
+
+
+def publish(results: str, title: str, setup: str, report: str, last_line: str, command: str | None = None) -> None:
+    """Print the report and its last line; record both with the command that made them.
+
+    A hand-written ``## Reading`` section after the claim line is kept when the table is
+    rewritten: a suite resumed over many sessions re-records its table each time, and the
+    reading is the part no script can redo (a notice says to check it against the new table)."""
     print(report)
-    command = " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
-    Path(results).parent.mkdir(parents=True, exist_ok=True)
-    Path(results).write_text(f"# {title}\n\nCommand: `{command}`\n\n{setup}\n{recorded()}\n{report}\n\n{last_line}\n")
+    command = command or " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    path = Path(results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = f"# {title}\n\nCommand: `{command}`\n\n{setup}\n{recorded()}\n{report}\n\n{last_line}\n"
+    old = path.read_text() if path.exists() else ""
+    if READING in old and READING not in report:
+        text += old[old.index(READING):]
+        print(f"kept the hand-written reading of {results}: check it against the new table", flush=True)
+    path.write_text(text)
     print(last_line)

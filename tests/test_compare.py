@@ -352,3 +352,18 @@ def test_the_recorded_suites_load(name):
     """A suite in benchmarks/suites stays valid as methods and settings change (its runs are hours)."""
     suite = load_suite(REPO / "benchmarks" / "suites" / name)
     assert suite.datasets and suite.methods
+
+
+def test_a_results_file_keeps_its_hand_written_reading_when_its_table_is_recorded_again(tmp_path, monkeypatch):
+    """A suite resumed over many sessions re-records its table each time; the reading after the
+    claim line is the part no script can redo, so it stays (and a first record has none)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from workloads import publish
+    results = tmp_path / "r.md"
+    publish(str(results), "T", "setup", "| a |\n|---|\n| 1 |", "x=1", command="python benchmarks/b.py")
+    assert "## Reading" not in results.read_text() and results.read_text().endswith("x=1\n")
+    results.write_text(results.read_text() + "\n## Reading\n\n- x is 1 because.\n")
+    publish(str(results), "T", "setup", "| a |\n|---|\n| 2 |", "x=2", command="python benchmarks/b.py")
+    text = results.read_text()
+    assert "| 2 |" in text and "| 1 |" not in text and "Command: `python benchmarks/b.py`" in text
+    assert text.index("x=2\n") < text.index("## Reading") and text.endswith("## Reading\n\n- x is 1 because.\n")
