@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specrag.evaluation.metrics import contains
+from specrag.evaluation.metrics import contains, normalize
 from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.types import GenerateRequest, ScoreRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
@@ -45,6 +45,10 @@ TEACHER_PROMPT = ("Memorize the documents below and use them as if you already k
                   "documents that show why the answer is right. Use only information from the documents.")
 SUPPORT_PROMPT = "{task}\nAnswer: {answer}\nRationale: {rationale}\n\nDoes the rationale support the answer? Reply yes or no."
 REASONS = ("kept", "answer_not_in_documents", "answer_not_in_rationale", "not_entailed", "empty")
+# how a rationale must name an open answer before the judge reads it: "words", at least half the words
+# of some gold answer, each up to its inflection ("off-road vehicle" names "off-road vehicles"); "exact",
+# the normalised answer as a substring (a teacher's paraphrase then fails: 7 of the 1.5B teacher's first 7)
+ANSWER_MATCHES = ("words", "exact")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class RationaleSynthesisConfig(MethodConfig):
     subset_mode: str = "multi_perspective"
     max_new_tokens: int = 64  # the rationale's budget (the drafter writes at most 48 tokens of it)
     entailment: bool = True  # the teacher's yes/no judgement of support
+    answer_match: str = "words"  # one of ANSWER_MATCHES
     seed: int = 0
 
     def validate(self) -> None:
@@ -64,6 +69,8 @@ class RationaleSynthesisConfig(MethodConfig):
             raise ValueError(f"docs_per_draft={self.docs_per_draft} exceeds top_k={self.top_k}")
         if self.subset_mode not in SUBSET_MODES:
             raise ValueError(f"subset_mode must be one of {SUBSET_MODES}, got {self.subset_mode!r}")
+        if self.answer_match not in ANSWER_MATCHES:
+            raise ValueError(f"answer_match must be one of {ANSWER_MATCHES}, got {self.answer_match!r}")
 
 
 @dataclass
@@ -98,10 +105,36 @@ def gold_answer(query: dict) -> tuple[str, str, list[str]]:
     return answers[0], answers[0], answers
 
 
-def names_answer(rationale: str, must_name: list[str]) -> bool:
-    """Whether the rationale names one of the answers (normalised containment); a closed-set
-    answer needs no name: the entailment judgement decides."""
-    return not must_name or bool(contains(rationale, must_name))
+def same_word(a: str, b: str) -> bool:
+    """Equal up to an inflection: a plural "s", or a shared stem of all but the last three letters
+    of the shorter word when that stem is five letters or more ("evangelize" / "evangelizing")."""
+    if a == b:
+        return True
+    short, long_ = sorted((a, b), key=len)
+    if long_ == short + "s" or long_ == short + "es":
+        return True
+    stem = 0
+    while stem < len(short) and short[stem] == long_[stem]:
+        stem += 1
+    return stem >= max(5, len(short) - 3)
+
+
+def names_answer(rationale: str, must_name: list[str], match: str = "words") -> bool:
+    """Whether the rationale names one of the answers; a closed-set answer needs no name: the
+    entailment judgement decides. The words rule lets a teacher's paraphrase through to the judge
+    ("efferent" for "efferent nerves"), which is the paper's filter; a rationale that names none
+    ("Peter Finch" for "Rocky") never reaches it."""
+    if not must_name:
+        return True
+    if match == "exact":
+        return bool(contains(rationale, must_name))
+    words = set(normalize(rationale).split())
+    for answer in must_name:
+        wanted = normalize(answer).split()
+        found = sum(any(same_word(w, r) for r in words) for w in wanted)
+        if wanted and 2 * found >= len(wanted):
+            return True
+    return False
 
 
 def clean_rationale(text: str) -> str:
@@ -185,7 +218,7 @@ class Rationalize:
         if not trace.rationale:
             trace.reason = "empty"
             return item
-        trace.answer_in_rationale = names_answer(trace.rationale, must_name)
+        trace.answer_in_rationale = names_answer(trace.rationale, must_name, self.config.answer_match)
         if not trace.answer_in_rationale:
             trace.reason = "answer_not_in_rationale"
             return item

@@ -29,6 +29,15 @@ def test_a_rationale_is_kept_only_when_it_names_the_answer():
            "choices": ["rain", "snow", "hail", "fog"], "question": "?"}
     assert gold_answer(arc) == ("C", "C. hail", [])  # the teacher reads the option; entailment judges
     assert names_answer("Hail forms in storms.", ["hail"]) and not names_answer("Rain falls.", ["hail"])
+    # the 1.5B teacher's paraphrases (drafter_train NQ) reach the judge; a rationale naming another answer does not
+    paraphrases = [("Motor neurons are called efferent.", ["efferent nerves"]),
+                   ("The Jeep is sold as an off-road vehicle.", ["off-road vehicles"]),
+                   ("The revival meeting was to evangelize.", ["evangelizing"]),
+                   ("The wind blows between April and September.", ["till September"])]
+    for rationale, answers in paraphrases:
+        assert names_answer(rationale, answers) and not names_answer(rationale, answers, "exact")
+    assert not names_answer("In 1976 Peter Finch became the first posthumous winner.", ["Rocky"])
+    assert not names_answer("The tissue is nervous.", ["nerves"]) and not names_answer("It is 1977.", ["1976"])
     assert gold_answer({"id": "y", "task_type": "claim_verification", "answers": ["True"]})[0] == "true"
     assert names_answer("anything", [])  # a claim's label is judged by entailment, not by name
     assert clean_rationale("Rationale: Canberra is\nthe capital.\n\nMore.") == "Canberra is the capital."
@@ -37,6 +46,8 @@ def test_a_rationale_is_kept_only_when_it_names_the_answer():
     from specrag.methods import create_method
     with pytest.raises(ValueError, match="docs_per_draft=11 exceeds top_k=10"):
         create_method("rationale-synthesis", docs_per_draft=11)
+    with pytest.raises(ValueError, match="answer_match must be one of"):
+        create_method("rationale-synthesis", answer_match="fuzzy")
 
 
 def test_synthesis_writes_rationale_rows_filters_and_refuses_evaluation_ids(demo_tables, demo_index, tmp_path):
@@ -44,7 +55,7 @@ def test_synthesis_writes_rationale_rows_filters_and_refuses_evaluation_ids(demo
     questions and one of an evaluation split: every question is a row with its verdict, the
     evaluation id a dead letter, the kept rows a training table with questions and passages."""
     from specrag.evaluation.splits import load_split
-    from specrag.methods.rationale_synthesis import REASONS
+    from specrag.methods.rationale_synthesis import REASONS, names_answer
     rows = [r for r in pq.read_table(demo_tables[0]).to_pylist() if r["id"] in
             ("demo-q00", "demo-q12", "demo-q19", "demo-q20")]
     held = {**rows[0], "id": load_split("drafter_eval")[0]}
@@ -68,10 +79,10 @@ def test_synthesis_writes_rationale_rows_filters_and_refuses_evaluation_ids(demo
         if t["reason"] != "answer_not_in_documents" and t["task_type"] == "short_form":
             assert contains(" ".join(passages[d] for d in t["doc_ids"]), answers[r["id"]])
         if t["reason"] == "answer_not_in_rationale":
-            assert not contains(t["rationale"], answers[r["id"]])
+            assert not names_answer(t["rationale"], answers[r["id"]])
         if t["reason"] == "kept":  # no judgement asked; an open question's rationale names its answer
             assert t["support_yes"] is None
-            assert t["task_type"] != "short_form" or contains(t["rationale"], answers[r["id"]])
+            assert t["task_type"] != "short_form" or names_answer(t["rationale"], answers[r["id"]])
     reasons = [r["trace"]["reason"] for r in results]
     assert "answer_not_in_rationale" in reasons and "kept" in reasons  # the small teacher names another answer for some
     summary = json.loads((out / "synthesis.json").read_text())
