@@ -62,7 +62,9 @@ def prepare(data: Path, index: Path, work: Path, per_dataset: int = TRAIN_PER_DA
         resume = ["--resume"] if (synthesis / "identity.json").exists() else []
         specrag("synthesize-rationales", "--queries", str(queries), "--index", str(index), "--output", str(synthesis),
                 "--model", f"teacher={TEACHER}", "--threads", "1", "--dtype", "float32", "--stage_timeout", "3600",
-                "--shard_rows", "1", *TWO_WORKERS, *resume)  # each verdict committed as it comes: a stop loses none
+                "--shard_rows", "1", "--max_in_flight", "16", *TWO_WORKERS, *resume)
+        # each verdict is committed as it comes; 16 questions in flight a worker (one engine batch, not the
+        # default 64) make them come steadily, so a session's stop loses at most 32 questions' work
     specrag("train-drafter", "--rationales", str(synthesis), "--output", str(folder), "--checkpoint-every", "20",
             "--threads", "2")
     return folder

@@ -5,11 +5,17 @@ MicroBatcher sits between the two: every ``submit`` parks its request, and a flu
 up to ``max_batch`` parked requests to the backend in one call as soon as the batch is full
 or the oldest request has waited ``max_wait_s``. The backend call runs in a worker thread
 (torch releases the GIL), so the event loop keeps scheduling other queries meanwhile.
+
+A batch sent while the backend's worker is busy waits for it *open*: requests that arrive
+meanwhile join it (up to ``max_batch``) until the worker starts it. Without that, requests
+that trickle in (a streaming job's queries reaching a stage one by one) each left as a batch
+of one behind a long call, and a 1.5B model decoded one row at a time.
 """
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -38,6 +44,15 @@ class _Entry:
             self.clock = None
 
 
+class _Batch:
+    """Entries bound for one backend call; open (taking requests) until the worker starts it."""
+
+    __slots__ = ("entries", "sealed")
+
+    def __init__(self, entries: list[_Entry]):
+        self.entries, self.sealed = entries, False
+
+
 class MicroBatcher:
     """Coalesces concurrent requests for one operation of one backend.
 
@@ -60,6 +75,8 @@ class MicroBatcher:
         self._executor = executor
         self._group_key = group_key or (lambda _r: None)
         self._pending: dict[Any, list[_Entry]] = {}
+        self._open: dict[Any, _Batch] = {}  # per group key: the batch sent but not started, still taking requests
+        self._seal = threading.Lock()  # the worker thread seals a batch as it starts it
         self._timers: dict[Any, asyncio.TimerHandle] = {}
         self._running: set[asyncio.Task] = set()  # batched calls under way (kept: tasks are weakly held)
         self.calls = 0
@@ -76,23 +93,46 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         key = self._group_key(request)
-        queue = self._pending.setdefault(key, [])
         entry = _Entry(request, fut, WAIT_CLOCK.get())
+        if self._join_open(key, entry):
+            return await self._wait(key, entry)
+        queue = self._pending.setdefault(key, [])
         queue.append(entry)
         if len(queue) >= self.max_batch:
             self._flush(key)
         elif key not in self._timers:
             self._timers[key] = loop.call_later(self.max_wait_s, self._flush, key)
+        return await self._wait(key, entry)
+
+    async def _wait(self, key: Any, entry: _Entry) -> tuple[Any, float, float]:
         try:
-            return await fut
+            return await entry.future
         except asyncio.CancelledError:
             self._withdraw(key, entry)
             raise
         finally:
             entry.served()
 
+    def _join_open(self, key: Any, entry: _Entry) -> bool:
+        """Add the request to the batch of its key that waits for the worker, if it has room."""
+        batch = self._open.get(key)
+        if batch is None:
+            return False
+        with self._seal:
+            if batch.sealed or len(batch.entries) >= self.max_batch:
+                return False
+            batch.entries.append(entry)
+            return True
+
     def _withdraw(self, key: Any, entry: _Entry) -> None:
         """A cancelled query's request still waiting for its batch never reaches the backend."""
+        batch = self._open.get(key)
+        if batch is not None:
+            with self._seal:
+                if not batch.sealed and entry in batch.entries:
+                    batch.entries.remove(entry)
+                    self.withdrawn += 1
+                    return
         queue = self._pending.get(key)
         if queue is None:
             return
@@ -119,45 +159,61 @@ class MicroBatcher:
         queue = [e for e in self._pending.pop(key, []) if not e.future.done()]
         loop = asyncio.get_running_loop()
         while queue:
-            batch, queue = queue[: self.max_batch], queue[self.max_batch:]
-            task = loop.create_task(self._run(batch))
+            entries, queue = queue[: self.max_batch], queue[self.max_batch:]
+            batch = _Batch(entries)
+            self._open[key] = batch  # the last one sent takes what arrives while it waits
+            task = loop.create_task(self._run(key, batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _run(self, batch: list[_Entry]) -> None:
+    async def _run(self, key: Any, batch: _Batch) -> None:
+        """One backend call; ``batch`` takes requests until the worker thread starts it."""
         loop = asyncio.get_running_loop()
-        requests = [e.request for e in batch]
+
+        def forget() -> None:  # loop thread: later requests no longer join this batch
+            if self._open.get(key) is batch:
+                del self._open[key]
+
+        def call(_):  # worker thread: the batch is sealed and leaves the queue now
+            with self._seal:
+                batch.sealed = True
+                entries = list(batch.entries)
+            loop.call_soon_threadsafe(lambda: (forget(), [e.served() for e in entries]))
+            try:
+                results = self._call([e.request for e in entries])
+                if len(results) != len(entries):
+                    raise RuntimeError(f"{self.name}: backend returned {len(results)} results "
+                                       f"for {len(entries)} requests")
+                return entries, results
+            except Exception as e:  # noqa: BLE001 - the loop thread decides (below)
+                return entries, e
+
         start = time.perf_counter()
-
-        def call(rows):  # in the worker thread: the batch leaves the queue now
-            loop.call_soon_threadsafe(lambda: [e.served() for e in batch])
-            return self._call(rows)
-
         try:
-            results = await loop.run_in_executor(self._executor, call, requests)
-            if len(results) != len(requests):
-                raise RuntimeError(f"{self.name}: backend returned {len(results)} results "
-                                   f"for {len(requests)} requests")
-        except Exception as e:
-            if len(batch) == 1:
-                if not batch[0].future.done():
-                    batch[0].future.set_exception(e)
+            entries, results = await loop.run_in_executor(self._executor, call, None)
+        except BaseException as e:  # cancelled / interrupted: every waiter learns of it
+            forget()
+            with self._seal:
+                batch.sealed = True
+            for entry in batch.entries:
+                if not entry.future.done():
+                    entry.future.set_exception(e)
+            return
+        if isinstance(results, Exception):
+            if len(entries) == 1:
+                if not entries[0].future.done():
+                    entries[0].future.set_exception(results)
                 return
             # one bad request (e.g. a prompt over the model's limit) must not fail the
             # others: each is retried alone, all at once (a remote server takes them in
             # parallel; a local model's single-worker pool runs them back to back)
-            await asyncio.gather(*(self._run([item]) for item in batch if not item.future.done()))
-            return
-        except BaseException as e:  # cancelled / interrupted: every waiter learns of it
-            for entry in batch:
-                if not entry.future.done():
-                    entry.future.set_exception(e)
+            await asyncio.gather(*(self._run(None, _Batch([e])) for e in entries if not e.future.done()))
             return
         end = time.perf_counter()
         self.calls += 1
-        self.items += len(requests)
+        self.items += len(entries)
         self.busy_s += end - start
-        for entry, result in zip(batch, results):
+        for entry, result in zip(entries, results):
             if entry.future.done():
                 continue
             if isinstance(result, BaseException):  # a backend that fails rows alone

@@ -105,3 +105,46 @@ def test_generate_n_samples_in_one_batch_reproducibly(generator):
     assert first.out == again.out and len({tuple(x) for x in first.out}) > 1
     assert first.trace.counts["model_calls"] == 4
     engine.close()
+
+
+def test_requests_that_arrive_while_the_backend_is_busy_join_one_waiting_batch():
+    """A streaming job's queries reach a stage one by one; behind a long call they must meet in
+    one batch, not queue as batches of one (a 1.5B teacher decoded one row at a time)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from specrag.inference.batcher import MicroBatcher
+    sizes, release = [], threading.Event()
+
+    def call(rows):
+        sizes.append(list(rows))
+        if len(sizes) == 1:
+            release.wait(5)  # the first call holds the worker while the others arrive
+        return [r * 10 for r in rows]
+
+    async def run():
+        batcher = MicroBatcher("fake.generate", call, max_batch=4, max_wait_s=0.001,
+                               executor=ThreadPoolExecutor(1))
+
+        arrived = []
+
+        async def one(i, cancel=False):
+            await asyncio.sleep(0.01 * i)
+            task = asyncio.ensure_future(batcher.submit(i))
+            await asyncio.sleep(0.005)
+            arrived.append(i)
+            if cancel:
+                task.cancel()
+                return None
+            return await task
+
+        pending = [asyncio.ensure_future(one(i, cancel=(i == 3))) for i in range(7)]
+        while len(arrived) < 7:  # all seven arrived while the first call still runs
+            await asyncio.sleep(0.01)
+        release.set()
+        return await asyncio.gather(*pending), batcher
+
+    results, batcher = asyncio.run(run())
+    assert results == [0, 10, 20, None, 40, 50, 60]  # every answer its own; the cancelled one none
+    assert sizes == [[0], [1, 2, 4, 5], [6]]  # 1, 2, 4, 5 waited open together; 6 found it full
+    assert batcher.withdrawn == 1 and 3 not in sum(sizes, [])
