@@ -179,6 +179,8 @@ class MicroBatcher:
                 batch.sealed = True
                 entries = list(batch.entries)
             loop.call_soon_threadsafe(lambda: (forget(), [e.served() for e in entries]))
+            if not entries:  # every request withdrawn while the batch waited: no call
+                return entries, []
             try:
                 results = self._call([e.request for e in entries])
                 if len(results) != len(entries):
@@ -208,6 +210,8 @@ class MicroBatcher:
             # others: each is retried alone, all at once (a remote server takes them in
             # parallel; a local model's single-worker pool runs them back to back)
             await asyncio.gather(*(self._run(None, _Batch([e])) for e in entries if not e.future.done()))
+            return
+        if not entries:
             return
         end = time.perf_counter()
         self.calls += 1

@@ -148,3 +148,29 @@ def test_requests_that_arrive_while_the_backend_is_busy_join_one_waiting_batch()
     assert results == [0, 10, 20, None, 40, 50, 60]  # every answer its own; the cancelled one none
     assert sizes == [[0], [1, 2, 4, 5], [6]]  # 1, 2, 4, 5 waited open together; 6 found it full
     assert batcher.withdrawn == 1 and 3 not in sum(sizes, [])
+
+
+def test_a_waiting_batch_whose_requests_are_all_withdrawn_makes_no_call():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from specrag.inference.batcher import MicroBatcher
+    calls, release = [], threading.Event()
+
+    def call(rows):
+        calls.append(list(rows))
+        release.wait(5)
+        return rows
+
+    async def run():
+        batcher = MicroBatcher("fake.generate", call, max_batch=4, max_wait_s=0.001, executor=ThreadPoolExecutor(1))
+        first = asyncio.ensure_future(batcher.submit(0))
+        await asyncio.sleep(0.02)  # the first call holds the worker
+        withdrawn = asyncio.ensure_future(batcher.submit(1))
+        await asyncio.sleep(0.02)  # it waits in an open batch
+        withdrawn.cancel()
+        await asyncio.sleep(0.01)
+        release.set()
+        return await first, batcher
+
+    result, batcher = asyncio.run(run())
+    assert result == 0 and calls == [[0]] and batcher.withdrawn == 1 and batcher.calls == 1
