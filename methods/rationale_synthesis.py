@@ -27,6 +27,7 @@ The paper's prompt (Appendix G) is a figure; ``TEACHER_PROMPT`` follows its desc
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,10 +114,7 @@ def same_word(a: str, b: str) -> bool:
     short, long_ = sorted((a, b), key=len)
     if long_ == short + "s" or long_ == short + "es":
         return True
-    stem = 0
-    while stem < len(short) and short[stem] == long_[stem]:
-        stem += 1
-    return stem >= max(5, len(short) - 3)
+    return len(os.path.commonprefix((short, long_))) >= max(5, len(short) - 3)
 
 
 def names_answer(rationale: str, must_name: list[str], match: str = "words") -> bool:
