@@ -224,6 +224,21 @@ def by_label(summary: list[dict], label: str) -> dict:
     return next(r for r in summary if r["method"] == label)
 
 
+def made_before(run: Path, commit: str) -> bool:
+    """Whether a run's code predates ``commit`` (its manifest's source revision, or for a run that
+    recorded none, its time against the commit's): a latency from before an engine change is not
+    comparable with one from after it."""
+    import json
+    import subprocess
+    manifest = json.loads((Path(run) / "manifest.json").read_text())
+    revision = manifest.get("versions", {}).get("specrag_source", "").removesuffix("+dirty")
+    git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,  # noqa: E731
+                                    env={**os.environ, "TZ": "UTC"})
+    if len(revision) == 40:
+        return git("merge-base", "--is-ancestor", commit, revision).returncode != 0
+    committed = git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", commit).stdout.strip()
+    return manifest["written"] < committed  # both UTC, ISO 8601
+
 def cpu_model() -> str:
     from specrag.inference.processor import cpu_model_and_flags
     return cpu_model_and_flags()[0]

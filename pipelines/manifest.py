@@ -22,7 +22,25 @@ def versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
+    out["specrag_source"] = source_revision()
     return out
+
+
+def source_revision() -> str:
+    """The git commit specrag runs from ("+dirty" with uncommitted changes to tracked files), or
+    "not a checkout" (a wheel): "0.1.0" alone cannot tell two runs' code apart, and a latency
+    measured before an engine change must not be read as one measured after it."""
+    import subprocess
+    import specrag
+    root = Path(specrag.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "not a checkout"
+    return head + ("+dirty" if dirty else "")
 
 
 def machine() -> dict[str, object]:

@@ -150,6 +150,18 @@ def test_bad_rows_become_dead_letters_and_the_rest_is_answered(tmp_path):
     assert manifest["method_config"]["max_new_tokens"] == 8 and len(manifest["inputs"]) == 3
 
 
+
+def test_manifests_name_the_source_commit_they_ran(monkeypatch):
+    import subprocess
+    from pathlib import Path
+    from specrag.pipelines.manifest import source_revision, versions
+    repo = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    expected = head.stdout.strip() if head.returncode == 0 else "not a checkout"
+    assert versions()["specrag_source"].removesuffix("+dirty") == expected
+    monkeypatch.setenv("PATH", "")  # no git: a wheel's install says so rather than failing the job
+    assert source_revision() == "not a checkout"
+
 @pytest.mark.slow
 def test_cli_answer_and_evaluate_on_demo_data(tmp_path, demo_tables, demo_index, capsys):
     from specrag.pipelines.cli import main
