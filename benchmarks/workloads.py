@@ -235,9 +235,15 @@ def made_before(run: Path, commit: str) -> bool:
     git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,  # noqa: E731
                                     env={**os.environ, "TZ": "UTC"})
     if len(revision) == 40:
-        return git("merge-base", "--is-ancestor", commit, revision).returncode != 0
-    committed = git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", commit).stdout.strip()
-    return manifest["written"] < committed  # both UTC, ISO 8601
+        ancestry = git("merge-base", "--is-ancestor", commit, revision)  # 0: yes, 1: no, else unknown
+        if ancestry.returncode not in (0, 1):
+            raise ValueError(f"{run}: cannot place its commit {revision} against {commit}: {ancestry.stderr.strip()}")
+        return ancestry.returncode == 1
+    committed = git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", commit)
+    if committed.returncode or not committed.stdout.strip():
+        raise ValueError(f"commit {commit} is not in {REPO}: {committed.stderr.strip()}")
+    return manifest["written"] < committed.stdout.strip()  # both UTC, ISO 8601
+
 
 def cpu_model() -> str:
     from specrag.inference.processor import cpu_model_and_flags

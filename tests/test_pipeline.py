@@ -150,7 +150,6 @@ def test_bad_rows_become_dead_letters_and_the_rest_is_answered(tmp_path):
     assert manifest["method_config"]["max_new_tokens"] == 8 and len(manifest["inputs"]) == 3
 
 
-
 def test_manifests_name_the_source_commit_they_ran(monkeypatch):
     import subprocess
     from pathlib import Path
@@ -161,6 +160,7 @@ def test_manifests_name_the_source_commit_they_ran(monkeypatch):
     assert versions()["specrag_source"].removesuffix("+dirty") == expected
     monkeypatch.setenv("PATH", "")  # no git: a wheel's install says so rather than failing the job
     assert source_revision() == "not a checkout"
+
 
 @pytest.mark.slow
 def test_cli_answer_and_evaluate_on_demo_data(tmp_path, demo_tables, demo_index, capsys):
