@@ -92,6 +92,17 @@ def oracle_rate(run: Path, queries: Path) -> float | None:
     return round(100 * sum(hits.values()) / len(hits), 1) if hits else None
 
 
+def synthesis_line(data: dict) -> str:
+    """synthesis.json in words (its ``rationales`` path names the machine that wrote it, not the data)."""
+    if not data:
+        return "Synthesis: not run."
+    kept = ", ".join(f"{d} {n}" for d, n in sorted(data["kept_by_dataset"].items()))
+    filtered = ", ".join(f"{r} {n}" for r, n in sorted(data["by_reason"].items()) if r != "kept")
+    return (f"Synthesis (teacher {TEACHER}): {data['questions']} drafter_train questions, {data['kept']} rationales "
+            f"kept ({kept}), {data['filtered']} filtered ({filtered or 'none'}); {data['rationale_words']} words of "
+            "rationale.")
+
+
 def summarise(report_json: Path, report_dir: str, command: str | None = None) -> None:
     from specrag.pipelines.suite import load_suite
     report = json.loads(Path(report_json).read_text())
@@ -126,7 +137,7 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
              f"oracle_draft_gain={mean_diff(TUNED, UNTUNED, lambda d, label: oracle.get((d, label)))}")
     synthesis = REPO / SYNTHESIS / "synthesis.json"
     data = json.loads(synthesis.read_text()) if synthesis.exists() else {}
-    lines = ["## Data", "", f"Synthesis (teacher {TEACHER}): `{json.dumps(data)}`" if data else "Synthesis: not run.", ""]
+    lines = ["## Data", "", synthesis_line(data), ""]
     manifests = sorted((REPO / "runs" / "full" / "drafter").glob("drafter-*/training_manifest.json"))
     if manifests:
         m = json.loads(manifests[-1].read_text())["report"]

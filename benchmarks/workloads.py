@@ -18,17 +18,32 @@ SHARED_SETS = ["hotpotqa", "popqa", "nq", "webquestions", "arc_challenge", "arc_
 
 def specrag_cli(*args: str) -> str:
     """Run ``specrag ARGS`` as a fresh process (one torch thread per worker, offline); its
-    stdout, or a RuntimeError with the end of its stderr."""
+    stdout, or a RuntimeError with the end of its stderr. Its stderr (progress, warnings) passes
+    through as it comes, so an hour-long training step shows where it is."""
+    import collections
     import subprocess
+    import threading
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SPECRAG_THREADS": "1",
            "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "specrag.pipelines.cli", *args], env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "specrag.pipelines.cli", *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+
+    def relay() -> None:
+        for line in proc.stderr:
+            tail.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    relaying = threading.Thread(target=relay, daemon=True)
+    relaying.start()
+    stdout = proc.stdout.read()
+    proc.wait()
+    relaying.join()
     if proc.returncode != 0:
         raise RuntimeError(f"specrag {args[0]} failed (exit status {proc.returncode}; negative: killed by that "
-                           f"signal):\n{proc.stderr[-4000:]}")
-    print(proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"specrag {args[0]} done", flush=True)
-    return proc.stdout
+                           f"signal):\n{''.join(tail)[-4000:]}")
+    print(stdout.strip().splitlines()[-1] if stdout.strip() else f"specrag {args[0]} done", flush=True)
+    return stdout
 
 
 def imported_data(work: Path, data_dir: str) -> Path:
