@@ -101,15 +101,19 @@ def _finished(output: str, fingerprint: str) -> dict | None:
 
 def reusable_elsewhere(reuse_from: list[str], fingerprint: str, contents: list[dict]) -> str | None:
     """A finished run in another suite's runs folder (ROOT/DATASET/METHOD) with this run identity
-    and these input contents, whatever its labels: the same job need not run twice."""
-    from specrag.pipelines.answer import INPUTS_FILE
+    and these input contents, whatever its labels: the same job need not run twice. A run from
+    before inputs.json was written is matched on the inputs its manifest records."""
+    from specrag.pipelines.answer import INPUTS_FILE, input_contents
     from specrag.transforms.files import exists, join, match_files, read_text
     for root in reuse_from:
-        for manifest in sorted(match_files(join(root, "*", "*", "manifest.json"))):
-            folder = manifest.rsplit("/", 1)[0]
-            if (json.loads(read_text(manifest)).get("run_fingerprint") == fingerprint
-                    and exists(join(folder, INPUTS_FILE))
-                    and json.loads(read_text(join(folder, INPUTS_FILE))) == contents):
+        for manifest_path in sorted(match_files(join(root, "*", "*", "manifest.json"))):
+            folder = manifest_path.rsplit("/", 1)[0]
+            manifest = json.loads(read_text(manifest_path))
+            if manifest.get("run_fingerprint") != fingerprint:
+                continue
+            recorded = (json.loads(read_text(join(folder, INPUTS_FILE))) if exists(join(folder, INPUTS_FILE))
+                        else json.loads(json.dumps(input_contents(manifest.get("inputs") or {}))))
+            if recorded and recorded == contents:
                 return folder
     return None
 

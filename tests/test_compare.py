@@ -302,6 +302,9 @@ def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
     assert reusable_elsewhere([str(tmp_path / "kept")], manifest["run_fingerprint"], contents) == str(source)
     assert reusable_elsewhere([str(tmp_path / "kept")], manifest["run_fingerprint"], contents[:0]) is None  # other inputs
     assert reusable_elsewhere([str(tmp_path / "kept")], "0" * 16, contents) is None  # another identity
+    (source / "inputs.json").unlink()  # a run from before inputs.json: its manifest's inputs decide
+    assert reusable_elsewhere([str(tmp_path / "kept")], manifest["run_fingerprint"], contents) == str(source)
+    assert reusable_elsewhere([str(tmp_path / "kept")], manifest["run_fingerprint"], contents[:0]) is None
 
 
 def _chromium() -> str:
