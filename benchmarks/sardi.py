@@ -33,9 +33,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import imported_data, pooled_index, specrag_cli as specrag, machine_line, markdown_table, publish  # noqa: E402
+from workloads import REPO, imported_data, machine_line, markdown_table, pooled_index, publish  # noqa: E402
+from workloads import specrag_cli as specrag  # noqa: E402
 
 RESULTS = "benchmarks/results/sardi.md"
+RUNS = REPO / "benchmarks" / "results" / "sardi" / "runs"
 WORK = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
 TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
 WINDOW, PASSAGE_WORDS = 100, 40  # the paper's response window; evidence cut to 40 words a passage (CPU cost)
@@ -95,10 +97,16 @@ def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = W
 def answer(paths: dict, label: str) -> Path:
     method, settings = CONFIGS[label]
     slug = label.replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
-    out = paths["work"] / "sardi" / "runs" / paths["denoiser"].name / f"{paths['eval'].stem}-{slug}"
+    # runs live in the repository, each answer committed as it comes (--shard_rows 1): the denoiser's
+    # training and the AR every-token run take more than a sitting, and a run resumes on the next machine
+    # (its identity names the denoiser's weight hash, so a different denoiser is refused, not mixed in).
+    # The AR baselines do not use the denoiser: their runs are shared by every denoiser.
+    owner = paths["denoiser"].name if method == DLM[0] else "ar"
+    out = RUNS / owner / f"{paths['eval'].stem}-{slug}"
     if not (out / "manifest.json").exists():
         args = ["answer", "--queries", str(paths["eval"]), "--index", str(paths["index"]), "--method", method,
-                "--model", f"denoiser={paths['denoiser']}", "--output", str(out), "--resume", *TWO_WORKERS]
+                "--output", str(out), "--resume", "--shard_rows", "1", *TWO_WORKERS,
+                *(["--model", f"denoiser={paths['denoiser']}"] if method == DLM[0] else [])]
         for s in settings:
             args += ["--set", s]
         specrag(*args)
