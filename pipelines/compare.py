@@ -112,7 +112,7 @@ def reusable_elsewhere(reuse_from: list[str], fingerprint: str, contents: list[d
             if manifest.get("run_fingerprint") != fingerprint:
                 continue
             recorded = (json.loads(read_text(join(folder, INPUTS_FILE))) if exists(join(folder, INPUTS_FILE))
-                        else json.loads(json.dumps(input_contents(manifest.get("inputs") or {}))))
+                        else input_contents(manifest.get("inputs") or {}))
             if recorded and recorded == contents:
                 return folder
     return None
