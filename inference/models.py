@@ -165,11 +165,17 @@ def _spec_of(name: str, path: Path) -> ModelSpec:
 
 def model_identity(name: str) -> str:
     """``name@sha256:...`` of the weight files the model loads from: results made with other
-    weights never pass for this model's. Hashes are memoised by (path, size, mtime)."""
+    weights never pass for this model's. A trained folder's training manifest (named by its card)
+    is left out: it records how and when the folder was made, not what loads, so the same weights
+    trained again on another machine keep their identity and its runs resume there. Hashes are
+    memoised by (path, size, mtime)."""
     import hashlib
     import json
     source = model_spec(name).locate()
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    if source.is_dir() and (source / CARD).is_file():
+        record = json.loads((source / CARD).read_text()).get("training_manifest")
+        files = [p for p in files if not record or p != source / record]
     stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
     memo_path = cache_dir() / "identities.json"

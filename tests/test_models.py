@@ -95,6 +95,23 @@ def test_a_transformers_folder_is_a_causal_lm_with_its_tokenizers_chat_template(
     assert model_identity(str(tiny_folder)).startswith(f"{tiny_folder}@sha256:")
 
 
+def test_a_trained_folders_identity_is_its_weights_not_its_training_record(tiny_folder, tmp_path):
+    """Trained again elsewhere, the same weights keep their identity (their runs resume there);
+    other weights never do."""
+    import json
+    from specrag.inference.models import CARD
+    folder = tmp_path / "trained"
+    shutil.copytree(tiny_folder, folder)
+    (folder / CARD).write_text(json.dumps({"kind": "causal-lm", "training_manifest": "training_manifest.json"}))
+    (folder / "training_manifest.json").write_text(json.dumps({"wall_s": 1.0}))
+    first = model_identity(str(folder))
+    (folder / "training_manifest.json").write_text(json.dumps({"wall_s": 2.5, "made": "another machine"}))
+    assert model_identity(str(folder)) == first
+    weights = next(folder.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
+    assert model_identity(str(folder)) != first
+
+
 def test_a_gguf_file_converts_once_and_generates(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRAG_CACHE", str(tmp_path))  # the conversion lands here, not in the shared cache
     spec = model_spec(str(tiny_gguf))
