@@ -87,6 +87,11 @@ def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = W
         specrag("train-denoiser", "--queries", str(subset), "--index", str(index), "--output", str(denoiser),
                 "--base", BASE, "--max-positions", "1024", "--response-tokens", str(WINDOW),
                 "--passage-words", str(PASSAGE_WORDS), *TRAINING, "--threads", "2")
+    # the training record (recipe, per-checkpoint accuracy and probe answers) lands with the runs: the
+    # weights are too large to commit, and the record is the evidence of what more training did
+    record = RUNS / denoiser.name / "training_manifest.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text((denoiser / "training_manifest.json").read_text())
     held = set(load_split("aed_eval"))
     rows = [r for r in pq.read_table(data / "hotpotqa" / "queries.parquet").to_pylist() if r["id"] in held]
     path = work / "sardi" / f"eval-{n_questions}.parquet"
