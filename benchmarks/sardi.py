@@ -43,9 +43,6 @@ TWO_WORKERS = ("--direct_num_workers=2", "--direct_running_mode=multi_processing
 WINDOW, PASSAGE_WORDS = 100, 40  # the paper's response window; evidence cut to 40 words a passage (CPU cost)
 # end_after_text: the 135M denoiser's end fill otherwise overtakes its text (README, SARDI)
 DLM = ("sardi", [f"max_new_tokens={WINDOW}", f"steps={WINDOW}", f"passage_words={PASSAGE_WORDS}", "end_after_text=true"])
-# SARDI's whole denoising loop is one stage: with ~50 questions in flight a worker, the adapted 135M
-# denoiser's 100 steps take ~30 min, past the default 600 s stage timeout (94 of 100 dead letters, 2026-11-28)
-DLM_TIMEOUT = ("--stage_timeout", str(24 * 3600))
 AR = ("ar-retrieval", [f"max_new_tokens={WINDOW}", f"passage_words={PASSAGE_WORDS}"])
 
 CONFIGS = {
@@ -114,7 +111,7 @@ def answer(paths: dict, label: str) -> Path:
     if not (out / "manifest.json").exists():
         args = ["answer", "--queries", str(paths["eval"]), "--index", str(paths["index"]), "--method", method,
                 "--output", str(out), "--resume", "--shard_rows", "1", *TWO_WORKERS,
-                *(["--model", f"denoiser={paths['denoiser']}", *DLM_TIMEOUT] if method == DLM[0] else [])]
+                *(["--model", f"denoiser={paths['denoiser']}"] if method == DLM[0] else [])]
         for s in settings:
             args += ["--set", s]
         specrag(*args)

@@ -12,7 +12,8 @@ Structured concurrency: a task a query starts with ``ctx.spawn`` (SPS's overlapp
 retrieval, RaLMSpec's asynchronous verification) is cancelled and awaited when the query
 ends; a cancelled query's requests still waiting for a batch are withdrawn; a stage that
 runs past ``stage_timeout_s`` fails with ``StageTimeout`` (a backend's own timeout keeps its
-own type and message). ``close`` cancels whatever is left and stops the loop thread.
+own type and message); a loop stage marks each step's start with ``ctx.next_step()``, and the
+limit then bounds one step, not the loop. ``close`` cancels whatever is left and stops the loop thread.
 
 Example usage::
 
@@ -159,13 +160,33 @@ class _QueryScope:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass
+class _StepMark:
+    """Where a stage's current step began: its loop time and the query's queue waiting then."""
+
+    started: float
+    waited: float
+    steps: int = 0
+
+
 class Context:
     """A query's view of the services: awaitable operations that also keep its trace."""
 
-    def __init__(self, engine: "Engine", trace: Trace, scope: _QueryScope | None = None):
+    def __init__(self, engine: "Engine", trace: Trace, scope: _QueryScope | None = None,
+                 step: _StepMark | None = None):
         self._engine = engine
         self.trace = trace
         self._scope = scope or _QueryScope()
+        self._step = step
+
+    def next_step(self) -> None:
+        """A loop stage begins a step (a denoising step, a token, a speculation round): the stage
+        timeout starts again. A loop may be long with many queries in flight (a batched call's
+        service counts for each of its queries); one step that hangs still fails."""
+        if self._step is not None:
+            self._step.started = asyncio.get_running_loop().time()
+            self._step.waited = self._scope.clock.total(WAITING)
+            self._step.steps += 1
 
     def spawn(self, coro) -> asyncio.Task:
         """Start a task that belongs to this query: cancelled and awaited when the query ends."""
@@ -506,26 +527,27 @@ class Engine:
         """One stage of one part, under the stage timeout. The timeout measures the stage's own
         time and its calls' service, not the time its requests queue behind other queries'
         (up to ``queue_timeout_s``): under load a query waits its turn instead of failing."""
-        ctx = Context(self, item.trace, scope)
         loop = asyncio.get_running_loop()
         limit, queue_limit = self.config.stage_timeout_s, self.config.queue_timeout_s
         with scope.clock.busy(_STAGE + stage.name):
+            step = _StepMark(loop.time(), scope.clock.total(WAITING))
+            ctx = Context(self, item.trace, scope, step)
             token = WAIT_CLOCK.set(scope.clock)
             try:  # the task copies the context: its calls mark their queue waits on this clock
                 task = loop.create_task(stage.run(item, ctx))
             finally:
                 WAIT_CLOCK.reset(token)
-            waited_before, started = scope.clock.total(WAITING), loop.time()
             try:
-                while True:
-                    waited = min(scope.clock.total(WAITING) - waited_before, queue_limit)
-                    remaining = started + limit + waited - loop.time()
+                while True:  # the limit runs from the stage's start or its last next_step()
+                    waited = min(scope.clock.total(WAITING) - step.waited, queue_limit)
+                    remaining = step.started + limit + waited - loop.time()
                     if remaining <= 0:
                         task.cancel()
                         await asyncio.gather(task, return_exceptions=True)
                         detail = (f" (after {waited:.0f}s waiting for batched calls, the most --queue-timeout "
                                   "allows)" if 0 < queue_limit <= waited else "")
-                        raise StageTimeout(f"stage {stage.name!r} exceeded {limit}s{detail}")
+                        where = f" in step {step.steps}" if step.steps else ""
+                        raise StageTimeout(f"stage {stage.name!r} exceeded {limit}s{where}{detail}")
                     done, _ = await asyncio.wait({task}, timeout=remaining)
                     if done:
                         return task.result()  # a backend's own timeout (e.g. TritonTimeout) keeps its type

@@ -110,6 +110,7 @@ class ActiveRetrievalLoop:
         out: list[int] = []
         await retrieve(state["query"])
         while len(out) < c.max_new_tokens:
+            ctx.next_step()
             left = c.max_new_tokens - len(out)
             if not c.flare:
                 gen = await generate(left if c.every == 0 else min(c.every, left))

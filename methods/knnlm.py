@@ -109,6 +109,7 @@ class KNNLMLoop:
         steps = _TokenSteps(item, ctx, self.config)
         out: list[int] = []
         while True:
+            ctx.next_step()
             state = await steps.state(out)
             ids, dists = await ctx.knn(state.hidden, self.config.k)
             if steps.append(out, steps.token(state, ids, dists)):
@@ -149,6 +150,7 @@ class KNNLMSpecLoop:
 
         done = await true_step()  # the first token with the true neighbours
         while not done:
+            ctx.next_step()
             stride = scheduler.next_round(fixed, cfg.sequential_fallback)
             stats.stride_history.append(stride)
             if stride == 0:  # speculation cannot pay here

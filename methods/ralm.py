@@ -110,6 +110,7 @@ class RaLMSeqLoop:
         docs: list[str] = []
         doc = None
         while True:
+            ctx.next_step()
             hits = await steps.search(steps.query_text(out), first=doc is None)
             doc = steps.document_after(doc, hits)
             docs.append(doc.doc_id)

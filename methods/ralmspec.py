@@ -113,6 +113,7 @@ class RaLMSpecLoop:
         done = steps.finished(gen, out)
         carried: list[_Speculated] = []  # a step speculated during the last verification
         while not done:
+            ctx.next_step()
             stride = scheduler.next_round(fixed, cfg.sequential_fallback)
             if stride == 0 and not carried:  # RaLMSeq's step: speculation cannot pay here
                 stats.stride_history.append(0)

@@ -206,6 +206,7 @@ class Denoise:
         docs = await ctx.retrieve(last_query, c.top_k, stage="step-0")
         trace.initial_query, trace.retrievals = last_query, 1
         for step in range(1, c.steps + 1):
+            ctx.next_step()
             out = await ctx.denoise(DenoiseRequest(sardi_prompt(question, evidence(docs, c.passage_words)),
                                                    tuple(response)), model=self.denoiser)
             trace.truncated_context_tokens += out.truncated_tokens

@@ -124,6 +124,7 @@ class StagedLoop:
         answer: list[int] = []
         stages: list[SPSStage] = []
         while True:
+            ctx.next_step()
             n = len(stages) + 1
             record = SPSStage(stage=n, doc_ids=[d.doc_id for d in docs], docs_query=docs_query)
             task, info = None, None

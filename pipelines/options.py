@@ -73,7 +73,9 @@ class RuntimeOptions(PipelineOptions):
               help="queries running at once in one worker's engine (backpressure beyond)")
         _flag(group, "stage_timeout", type=float, default=600.0,
               help="seconds one stage of one query may run, its calls' service included, before the query "
-                   "becomes a dead letter (time queued behind other queries' calls does not count)")
+                   "becomes a dead letter (time queued behind other queries' calls does not count); a loop "
+                   "stage (SARDI's denoising, RaLM's and KNN-LM's tokens, AR retrieval, SPS's stages) gets "
+                   "it for each step")
         _flag(group, "queue_timeout", type=float, default=3600.0,
               help="the most time queued behind other queries' calls that --stage-timeout leaves out")
 

@@ -159,6 +159,39 @@ def test_waiting_behind_other_queries_does_not_count_against_the_stage_timeout()
     engine.close()
 
 
+@dataclass
+class Loop:
+    """Asks ``steps`` times in turn, marking each step (``ctx.next_step``) or not."""
+
+    steps: int
+    mark: bool = True
+    name: str = "Loop"
+
+    async def run(self, item, ctx):
+        for i in range(self.steps):
+            if self.mark:
+                ctx.next_step()
+            item.out = (await ctx.generate(GenerateRequest(f"{item.prompt}{i}"))).text
+        return item
+
+
+def test_a_loop_stage_gets_the_stage_timeout_for_each_step():
+    """Six 0.1 s calls in turn: 0.6 s of service in all, against a 0.25 s limit. Marked, each
+    step is under it and the query completes; unmarked, the loop fails as one long stage; and
+    a step that hangs still fails, named."""
+    lm = FakeLM(delay_s=0.1)
+    engine = _engine(lm, max_batch=1, max_wait_s=0.0, stage_timeout_s=0.25, queue_timeout_s=0.0)
+    marked, unmarked = engine.run_stage(Loop(6), [Q("m")])[0], engine.run_stage(Loop(6, mark=False), [Q("u")])[0]
+    assert marked.error is None and marked.outputs[0].out == "<m5>"
+    assert isinstance(unmarked.error, StageTimeout) and "stage 'Loop' exceeded 0.25s" in str(unmarked.error)
+    assert "in step" not in str(unmarked.error)
+    engine.close()
+    hung = _engine(FakeLM(delay_s=2.0), max_batch=1, max_wait_s=0.0, stage_timeout_s=0.25, queue_timeout_s=0.0)
+    outcome = hung.run_stage(Loop(3), [Q("h")])[0]
+    assert isinstance(outcome.error, StageTimeout) and "exceeded 0.25s in step 1" in str(outcome.error)
+    hung.close()
+
+
 def test_a_hung_backend_still_times_out_its_queries():
     """The call in progress times out on the stage limit; those queued behind it after the
     queue limit, labelled as such."""

@@ -104,6 +104,10 @@ class _ScriptedContext:
         self.requests: list[DenoiseRequest] = []
         self.queries: list[str] = []
         self.trace = None
+        self.steps = 0
+
+    def next_step(self):
+        self.steps += 1
 
     def mask_id(self, model="denoiser"):
         return MASK
