@@ -124,6 +124,7 @@ def summarise(run: Path, queries: Path) -> dict:
     from specrag.evaluation.trajectory import METRICS, trace_steps, trajectory_metrics
     gold = {r["id"]: r for r in pq.read_table(queries).to_pylist()}
     em, f1s, answered, hit, latency, traj = [], [], [], [], [], {m: [] for m in METRICS}
+    per_question: dict[str, dict] = {}
     for f in sorted(run.glob("results-*.parquet")):
         for r in pq.read_table(f, columns=["id", "answer", "raw_output", "timings", "trace"]).to_pylist():
             g = gold[r["id"]]
@@ -132,15 +133,65 @@ def summarise(run: Path, queries: Path) -> dict:
             answered.append(bool((r["answer"] or "").strip()))  # an answer was extracted (### and a span)
             hit.append(contains(r["raw_output"] or "", g["answers"] or []))  # a gold answer anywhere in the text
             latency.append(r["timings"]["served_s"])
-            for k, v in trajectory_metrics(trace_steps(r["trace"]) or [], g["gold_passage_ids"] or []).items():
+            metrics = trajectory_metrics(trace_steps(r["trace"]) or [], g["gold_passage_ids"] or [])
+            for k, v in metrics.items():
                 traj[k].append(v)
+            per_question[r["id"]] = {"em": em[-1], "f1": f1s[-1], **metrics}
     mean = lambda xs: 100 * sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     # the job's wall time over all its attempts: the throughput beside each query's latency (which
     # grows with the queries in flight: ~50 a worker, 16 to a batched call)
     attempts = json.loads((run / "manifest.json").read_text()).get("attempts") or []
     return {"n": len(em), "em": mean(em), "f1": mean(f1s), "answered": mean(answered), "contains": mean(hit),
             "latency_s": sum(latency) / max(1, len(latency)), "wall_min": sum(a["wall_s"] for a in attempts) / 60,
-            **{k: mean(v) for k, v in traj.items()}}
+            **{k: mean(v) for k, v in traj.items()},
+            PER_QUESTION: per_question}
+
+
+EXAMPLES = "sardi (tau_c=0.9)"  # whose answers the file shows
+PER_QUESTION = "per_question"  # each question's scores, for the paired comparisons (not a table column)
+PAIRED_RECALL = ("recall_at_25pct", "cumulative_recall")
+PAIRS = [("sardi (tau_c=0.9)", "dlm static"), ("sardi (tau_c=0.95)", "dlm static"), ("sardi (tau_q=0.9)", "dlm static"),
+         ("ar every-10", "ar static"), ("ar every-token", "ar static"), ("ar flare", "ar static")]
+
+
+def paired_section(by: dict) -> list[str]:
+    """Each adaptive schedule against its static baseline on the same questions: the difference in
+    points with a 95% paired-bootstrap interval, so a 100-question difference reads with its noise."""
+    from specrag.evaluation.stats import paired_bootstrap_ci
+    rows = []
+    for method, baseline in PAIRS:
+        if method not in by or baseline not in by:
+            continue
+        a, b = by[method][PER_QUESTION], by[baseline][PER_QUESTION]
+        if set(a) != set(b):
+            raise ValueError(f"{method} and {baseline} answered different questions")
+        row = {"method": method, "baseline": baseline}
+        for metric in ("em", "f1", *PAIRED_RECALL):
+            both = [q for q in sorted(a) if metric in a[q] and metric in b[q]]
+            x, y = [a[q][metric] for q in both], [b[q][metric] for q in both]
+            low, high = paired_bootstrap_ci([x], [y])
+            row[metric] = f"{100 * (sum(x) - sum(y)) / len(x):+.1f} [{low:+.1f}, {high:+.1f}]"
+        rows.append(row)
+    if not rows:
+        return []
+    return ["", "## Paired differences (points, 95% paired-bootstrap interval over the same questions)", "",
+            *markdown_table(rows, ["method", "baseline", "em", "f1", *PAIRED_RECALL])]
+
+
+def examples_section(label: str, run: Path, queries: Path, n: int = 6) -> list[str]:
+    """The first ``n`` questions' answers and texts: what the scores above are made of."""
+    import pyarrow.parquet as pq
+    gold = {r["id"]: r for r in pq.read_table(queries).to_pylist()}
+    order = list(gold)
+    rows = [r for f in sorted(run.glob("results-*.parquet"))
+            for r in pq.read_table(f, columns=["id", "answer", "raw_output"]).to_pylist()]
+    rows.sort(key=lambda r: order.index(r["id"]))
+    lines = ["", f"## Example answers ({label}, the first {n} questions)", ""]
+    for r in rows[:n]:
+        g, text = gold[r["id"]], " ".join((r["raw_output"] or "").split())
+        lines.append(f"- Q: {g['question']} — gold {(g['answers'] or [])[:2]} — answer {r['answer']!r} — "
+                     f"text: {text[:300]!r}")
+    return lines
 
 
 def training_section(training: dict) -> list[str]:
@@ -174,7 +225,8 @@ def main() -> None:
     paths = prepare(args.data_dir, args.questions, denoiser_folder=args.denoiser)
     manifest = json.loads((paths["denoiser"] / "training_manifest.json").read_text())
     training = manifest["report"]
-    rows = [{"method": label, **summarise(answer(paths, label), paths["eval"])} for label in labels]
+    runs = {label: answer(paths, label) for label in labels}
+    rows = [{"method": label, **summarise(run, paths["eval"])} for label, run in runs.items()]
     by = {r["method"]: r for r in rows}
     recipe = manifest["training"]
     setup = (f"{machine_line(1)}; two worker processes, one torch thread each. Denoiser: {BASE} adapted into a "
@@ -189,8 +241,11 @@ def main() -> None:
              f"{WINDOW}-token response and {WINDOW} steps at most (the paper's). {args.questions} held-back HotpotQA "
              "questions (aed_eval).\n")
     report = "\n".join([*training_section(training), "", "## Quality, latency and evidence along the generation", "",
-                        *markdown_table(rows, ["method", "n", "em", "f1", "answered", "contains", "latency_s", "wall_min", "recall_at_25pct", "recall_at_50pct",
-                                               "recall_at_100pct", "cumulative_recall", "retention"])])
+                        *markdown_table(rows, ["method", "n", "em", "f1", "answered", "contains", "latency_s", "wall_min",
+                                               "recall_at_25pct", "recall_at_50pct", "recall_at_100pct",
+                                               "cumulative_recall", "retention"]),
+                        *paired_section(by),
+                        *(examples_section(EXAMPLES, runs[EXAMPLES], paths["eval"]) if EXAMPLES in runs else [])])
     sardi, static = by.get("sardi (tau_c=0.9)"), by.get("dlm static")
     every = by.get("ar every-token")
     claim = " ".join([
