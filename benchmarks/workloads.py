@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -291,7 +292,7 @@ def publish(results: str, title: str, setup: str, report: str, last_line: str, c
     rewritten: a suite resumed over many sessions re-records its table each time, and the
     reading is the part no script can redo (a notice says to check it against the new table)."""
     print(report)
-    command = command or " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    command = command or shlex.join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
     path = Path(results)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = f"# {title}\n\nCommand: `{command}`\n\n{setup}\n{recorded()}\n{report}\n\n{last_line}\n"
