@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -119,36 +120,40 @@ def answer(paths: dict, label: str) -> Path:
 
 
 def summarise(run: Path, queries: Path) -> dict:
+    """The run's means, and each question's scores and text (for the paired differences and the
+    examples): the results are read once."""
     import pyarrow.parquet as pq
     from specrag.evaluation.metrics import contains, exact_match, f1
     from specrag.evaluation.trajectory import METRICS, trace_steps, trajectory_metrics
     gold = {r["id"]: r for r in pq.read_table(queries).to_pylist()}
-    em, f1s, answered, hit, latency, traj = [], [], [], [], [], {m: [] for m in METRICS}
     per_question: dict[str, dict] = {}
     for f in sorted(run.glob("results-*.parquet")):
         for r in pq.read_table(f, columns=["id", "answer", "raw_output", "timings", "trace"]).to_pylist():
-            g = gold[r["id"]]
-            em.append(exact_match(r["answer"] or "", g["answers"] or []))
-            f1s.append(f1(r["answer"] or "", g["answers"] or []))  # the full suite's HotpotQA headline
-            answered.append(bool((r["answer"] or "").strip()))  # an answer was extracted (### and a span)
-            hit.append(contains(r["raw_output"] or "", g["answers"] or []))  # a gold answer anywhere in the text
-            latency.append(r["timings"]["served_s"])
-            metrics = trajectory_metrics(trace_steps(r["trace"]) or [], g["gold_passage_ids"] or [])
-            for k, v in metrics.items():
-                traj[k].append(v)
-            per_question[r["id"]] = {"em": em[-1], "f1": f1s[-1], **metrics}
-    mean = lambda xs: 100 * sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+            g, answer, text = gold[r["id"]], r["answer"] or "", r["raw_output"] or ""
+            per_question[r["id"]] = {
+                "em": exact_match(answer, g["answers"] or []),
+                "f1": f1(answer, g["answers"] or []),  # the full suite's HotpotQA headline
+                "answered": float(bool(answer.strip())),  # an answer could be extracted (a ### span)
+                "contains": contains(text, g["answers"] or []),  # a gold answer anywhere in the text
+                "latency_s": r["timings"]["served_s"],
+                **trajectory_metrics(trace_steps(r["trace"]) or [], g["gold_passage_ids"] or []),
+                "answer": answer, "text": text}
+    scores = list(per_question.values())
+
+    def mean(metric: str, scale: float = 100.0) -> float:  # shares in points
+        xs = [s[metric] for s in scores if metric in s]
+        return scale * sum(xs) / len(xs) if xs else float("nan")
+
     # the job's wall time over all its attempts: the throughput beside each query's latency (which
     # grows with the queries in flight: ~50 a worker, 16 to a batched call)
     attempts = json.loads((run / "manifest.json").read_text()).get("attempts") or []
-    return {"n": len(em), "em": mean(em), "f1": mean(f1s), "answered": mean(answered), "contains": mean(hit),
-            "latency_s": sum(latency) / max(1, len(latency)), "wall_min": sum(a["wall_s"] for a in attempts) / 60,
-            **{k: mean(v) for k, v in traj.items()},
-            PER_QUESTION: per_question}
+    return {"n": len(scores), **{m: mean(m) for m in ("em", "f1", "answered", "contains")},
+            "latency_s": mean("latency_s", scale=1.0), "wall_min": sum(a["wall_s"] for a in attempts) / 60,
+            **{m: mean(m) for m in METRICS}, PER_QUESTION: per_question}
 
 
 EXAMPLES = "sardi (tau_c=0.9)"  # whose answers the file shows
-PER_QUESTION = "per_question"  # each question's scores, for the paired comparisons (not a table column)
+PER_QUESTION = "per_question"  # each question's scores and text (not a table column)
 PAIRED_RECALL = ("recall_at_25pct", "cumulative_recall")
 PAIRS = [("sardi (tau_c=0.9)", "dlm static"), ("sardi (tau_c=0.95)", "dlm static"), ("sardi (tau_q=0.9)", "dlm static"),
          ("ar every-10", "ar static"), ("ar every-token", "ar static"), ("ar flare", "ar static")]
@@ -168,6 +173,8 @@ def paired_section(by: dict) -> list[str]:
         row = {"method": method, "baseline": baseline}
         for metric in ("em", "f1", *PAIRED_RECALL):
             both = [q for q in sorted(a) if metric in a[q] and metric in b[q]]
+            if not both:
+                continue
             x, y = [a[q][metric] for q in both], [b[q][metric] for q in both]
             low, high = paired_bootstrap_ci([x], [y])
             row[metric] = f"{100 * (sum(x) - sum(y)) / len(x):+.1f} [{low:+.1f}, {high:+.1f}]"
@@ -178,18 +185,14 @@ def paired_section(by: dict) -> list[str]:
             *markdown_table(rows, ["method", "baseline", "em", "f1", *PAIRED_RECALL])]
 
 
-def examples_section(label: str, run: Path, queries: Path, n: int = 6) -> list[str]:
+def examples_section(label: str, per_question: dict, queries: Path, n: int = 6) -> list[str]:
     """The first ``n`` questions' answers and texts: what the scores above are made of."""
     import pyarrow.parquet as pq
-    gold = {r["id"]: r for r in pq.read_table(queries).to_pylist()}
-    order = list(gold)
-    rows = [r for f in sorted(run.glob("results-*.parquet"))
-            for r in pq.read_table(f, columns=["id", "answer", "raw_output"]).to_pylist()]
-    rows.sort(key=lambda r: order.index(r["id"]))
+    first = [r for r in pq.read_table(queries).to_pylist() if r["id"] in per_question][:n]
     lines = ["", f"## Example answers ({label}, the first {n} questions)", ""]
-    for r in rows[:n]:
-        g, text = gold[r["id"]], " ".join((r["raw_output"] or "").split())
-        lines.append(f"- Q: {g['question']} — gold {(g['answers'] or [])[:2]} — answer {r['answer']!r} — "
+    for g in first:
+        answer, text = per_question[g["id"]]["answer"], " ".join(per_question[g["id"]]["text"].split())
+        lines.append(f"- Q: {g['question']} — gold {(g['answers'] or [])[:2]} — answer {answer!r} — "
                      f"text: {text[:300]!r}")
     return lines
 
@@ -225,8 +228,7 @@ def main() -> None:
     paths = prepare(args.data_dir, args.questions, denoiser_folder=args.denoiser)
     manifest = json.loads((paths["denoiser"] / "training_manifest.json").read_text())
     training = manifest["report"]
-    runs = {label: answer(paths, label) for label in labels}
-    rows = [{"method": label, **summarise(run, paths["eval"])} for label, run in runs.items()]
+    rows = [{"method": label, **summarise(answer(paths, label), paths["eval"])} for label in labels]
     by = {r["method"]: r for r in rows}
     recipe = manifest["training"]
     setup = (f"{machine_line(1)}; two worker processes, one torch thread each. Denoiser: {BASE} adapted into a "
@@ -245,14 +247,18 @@ def main() -> None:
                                                "recall_at_25pct", "recall_at_50pct", "recall_at_100pct",
                                                "cumulative_recall", "retention"]),
                         *paired_section(by),
-                        *(examples_section(EXAMPLES, runs[EXAMPLES], paths["eval"]) if EXAMPLES in runs else [])])
+                        *(examples_section(EXAMPLES, by[EXAMPLES][PER_QUESTION], paths["eval"]) if EXAMPLES in by else [])])
     sardi, static = by.get("sardi (tau_c=0.9)"), by.get("dlm static")
     every = by.get("ar every-token")
     claim = " ".join([
         f"early_recall_gain={sardi['recall_at_25pct'] - static['recall_at_25pct']:.1f}" if sardi and static else "",
         f"em_sardi={sardi['em']:.1f}" if sardi else "", f"em_dlm_static={static['em']:.1f}" if static else "",
         f"speed_vs_ar_every_token={every['latency_s'] / sardi['latency_s']:.2f}" if sardi and every else ""]).split()
-    publish(RESULTS, "SARDI vs static retrieval and autoregressive baselines", setup, report, " ".join(claim))
+    # the work folder decides which denoiser and data the runs used: recorded with the command
+    command = shlex.join(["python", "benchmarks/sardi.py", *sys.argv[1:]])
+    if "SPECRAG_BENCH_DIR" in os.environ:
+        command = f"SPECRAG_BENCH_DIR={shlex.quote(os.environ['SPECRAG_BENCH_DIR'])} {command}"
+    publish(RESULTS, "SARDI vs static retrieval and autoregressive baselines", setup, report, " ".join(claim), command)
 
 
 if __name__ == "__main__":
