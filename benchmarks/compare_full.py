@@ -42,6 +42,7 @@ import verifier_regime  # noqa: E402
 from workloads import REPO, imported_data, machine_line, markdown_table, pooled_index, publish  # noqa: E402
 from workloads import specrag_cli as specrag  # noqa: E402
 
+from specrag.evaluation.compare_report import throughput_cell  # noqa: E402
 from specrag.pipelines.suite import load_suite  # noqa: E402
 
 SUITE = REPO / "benchmarks" / "suites" / "full.yaml"
@@ -161,7 +162,7 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
                 q[d] = s[d] = {"failed": "failed", "not run": "not yet"}.get(status.get((d, label)), "—")
                 continue
             q[d] = f"{r[r['headline_metric']]:.1f}" + (f" ({r['dead_letters']} dead)" if r.get("dead_letters") else "")
-            s[d] = f"{r['queries_per_s']:.3f}" if r.get("queries_per_s") else "—"
+            s[d] = throughput_cell(r)
         quality.append(q)
         speed.append(s)
     metric = {d: next((r["headline_metric"] for r in rows.get(d, {}).values() if r.get("headline_metric")), "")
@@ -208,6 +209,7 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
             *markdown_table(quality, ["method", *datasets]), "",
             "## Throughput (queries per second of the job, two workers)", "",
             *markdown_table(speed, ["method", *datasets]), "",
+            "(k/n): a job resumed across sittings, timed over its last attempt's k of n answers.", "",
             "## Each method against its paper's baseline (difference [95% interval], speed-up, same answers)", "",
             *markdown_table(against, ["method", "baseline", *datasets])]
     publish(RESULTS, "Every method on five benchmark sets (benchmarks/suites/full.yaml)", setup, "\n".join(body),

@@ -85,7 +85,8 @@ def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = W
     index = pooled_index(work, data)
     name = "-".join(f"{k}{v}" for k, v in train.items()) + "-" + "-".join(TRAINING[1::2])
     denoiser = Path(denoiser_folder) if denoiser_folder else work / "sardi" / f"denoiser-{BASE}-{name}"
-    if not (denoiser / "specrag_model.json").exists():
+    trained = not (denoiser / "specrag_model.json").exists()
+    if trained:
         train_ids, rows = set(load_split("aed_train")), []
         for dataset, n in train.items():
             rows += [r for r in pq.read_table(data / dataset / "queries.parquet").to_pylist() if r["id"] in train_ids][:n]
@@ -96,10 +97,12 @@ def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = W
                 "--base", BASE, "--max-positions", "1024", "--response-tokens", str(WINDOW),
                 "--passage-words", str(PASSAGE_WORDS), *TRAINING, "--threads", "2")
     # the training record (recipe, per-checkpoint accuracy and probe answers) lands with the runs: the
-    # weights are too large to commit, and the record is the evidence of what more training did
+    # weights are too large to commit, and the record is the evidence of what more training did. A
+    # folder found made (by an earlier call here) leaves the committed record as it is.
     record = RUNS / denoiser.name / "training_manifest.json"
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text((denoiser / "training_manifest.json").read_text())
+    if trained or not record.exists():
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text((denoiser / "training_manifest.json").read_text())
     held = set(load_split("aed_eval"))
     rows = [r for r in pq.read_table(data / "hotpotqa" / "queries.parquet").to_pylist() if r["id"] in held]
     path = work / "sardi" / f"eval-{n_questions}.parquet"

@@ -81,18 +81,37 @@ def summarise_run(record, gold: dict[str, dict], headline: dict[str, str]) -> di
         accepted = sum(c.get("speculation_accepted") or 0 for c in counts)
         rejected = sum(c.get("speculation_rejected") or 0 for c in counts)
         row["acceptance"] = round(100 * accepted / (accepted + rejected), 1) if accepted + rejected else None
-        wall = (record.manifest or {}).get("wall_s")
-        resumed = (record.manifest or {}).get("resumed") or {}
-        # throughput of the job, only when one attempt answered every query (a resumed job's
-        # wall time covers its last attempt alone)
-        whole = not resumed or not resumed.get("skipped_finished")
-        row["queries_per_s"] = round(n / wall, 3) if wall and whole else None
-        row["job_wall_s"] = wall
+        row.update(job_throughput(record.manifest or {}, n))
     runtime = (record.manifest or {}).get("runtime") or {}
     # what the latencies mean: queries in flight at once per worker (1: one at a time, the papers' setting)
     row["in_flight"] = (runtime.get("engine") or {}).get("max_in_flight")
     row["models"] = ", ".join(f"{role}={name}" for role, name in runtime.get("models") or [])
     return {"row": row, "per_query": per_query}
+
+
+def job_throughput(manifest: dict, n: int) -> dict:
+    """Queries per second of the job, and over how many answers it was measured. A resumed job's
+    wall time covers its last attempt alone (an attempt ended with its sitting leaves no
+    manifest), so its throughput is that attempt's answers over that attempt's time:
+    ``queries_per_s_over`` says how many (None when one attempt answered every query)."""
+    wall = manifest.get("wall_s")
+    out = {"queries_per_s": None, "queries_per_s_over": None, "job_wall_s": wall}
+    if not wall:
+        return out
+    if not (manifest.get("resumed") or {}).get("skipped_finished"):
+        out["queries_per_s"] = round(n / wall, 3)
+        return out
+    last = (manifest.get("attempts") or [{}])[-1]
+    answered = (last.get("counters") or {}).get("answered") or 0
+    if answered and last.get("wall_s") == wall:  # the attempt the wall time belongs to
+        out["queries_per_s"], out["queries_per_s_over"] = round(answered / wall, 3), answered
+    return out
+
+
+def throughput_cell(row: dict) -> str:
+    """The q/s column: a resumed job's figure names the answers it was measured over."""
+    over = row.get("queries_per_s_over")
+    return _fmt(row.get("queries_per_s")) + (f" ({over}/{row['n']})" if over else "")
 
 
 def _gold(queries: str) -> dict[str, dict]:
@@ -244,6 +263,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _cell(row: dict, column: str) -> str:
+    if column == "method":
+        return row["method"]
+    return throughput_cell(row) if column == "queries_per_s" else _fmt(row.get(column))
+
+
 def methods_overview(report: dict) -> list[dict]:
     """Per method label: the method, its models and why it is in the suite (from the first dataset it ran on)."""
     seen: dict[str, dict] = {}
@@ -271,9 +296,10 @@ def render_markdown(report: dict) -> str:
             continue
         cols = table_columns(rows)
         lines += [f"## {dataset}", ""]
-        view = [{HEADERS.get(c, c): _fmt(r.get(c)) if c != "method" else r["method"] for c in cols}
-                for r in rows.values()]
+        view = [{HEADERS.get(c, c): _cell(r, c) for c in cols} for r in rows.values()]
         lines += markdown_table(view, [HEADERS.get(c, c) for c in cols])
+        if any(r.get("queries_per_s_over") for r in rows.values()):
+            lines += ["", "q/s (k/n): a job resumed across sittings, timed over its last attempt's k answers."]
         failed = [r for r in rows.values() if r.get("status") == "failed"]
         lines += [""] + [f"- **{r['method']} failed**: {r['error']}" for r in failed]
         lines += not_run
@@ -401,7 +427,7 @@ def render_html(report: dict) -> str:
                      + "".join(f"<th>{e(HEADERS.get(c, c))}</th>" for c in cols) + "</tr>")
         for r in rows.values():
             cls = "failed" if r.get("status") == "failed" else ("front" if r["method"] in front else "")
-            cells = "".join(f"<td>{e(_fmt(r.get(c)) if c != 'method' else r['method'])}</td>" for c in cols)
+            cells = "".join(f"<td>{e(_cell(r, c))}</td>" for c in cols)
             note = f' title="{e(r["note"])}"' if r.get("note") else ""
             parts.append(f'<tr class="{cls}"{note}>{cells}</tr>')
         parts.append("</table>")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specrag.evaluation.compare_report import pareto_svg, render_html, render_markdown
+from specrag.evaluation.compare_report import job_throughput, pareto_svg, render_html, render_markdown
 from specrag.evaluation.stats import paired_bootstrap_ci, pareto_front
 from specrag.pipelines.compare import check_expectations, reusable_elsewhere, run_compare
 from specrag.pipelines.suite import load_suite, slug
@@ -240,6 +240,23 @@ def test_report_renders_tables_front_and_plot_offline():
     svg = pareto_svg([{"method": "a", "latency_s": 0.01, "quality": 10.0},
                       {"method": "b", "latency_s": 5.0, "quality": 50.0}], ["a", "b"], "em")
     assert "log scale" in svg and svg.count("<circle") == 2
+
+
+def test_a_resumed_jobs_throughput_is_its_last_attempts_and_says_over_how_many():
+    whole = {"wall_s": 8.0, "resumed": {"attempt": 1, "skipped_finished": 0},
+             "attempts": [{"attempt": 1, "wall_s": 8.0, "counters": {"answered": 4}}]}
+    assert job_throughput(whole, 4) == {"queries_per_s": 0.5, "queries_per_s_over": None, "job_wall_s": 8.0}
+    # the first sitting ended with the session (no manifest): the second answered 3 of 4 in 6 s
+    resumed = {"wall_s": 6.0, "resumed": {"attempt": 2, "skipped_finished": 1},
+               "attempts": [{"attempt": 2, "wall_s": 6.0, "counters": {"answered": 3, "skipped_finished": 1}}]}
+    assert job_throughput(resumed, 4) == {"queries_per_s": 0.5, "queries_per_s_over": 3, "job_wall_s": 6.0}
+    assert job_throughput({"wall_s": 6.0, "resumed": {"skipped_finished": 4}, "attempts": [
+        {"wall_s": 6.0, "counters": {"answered": 0}}]}, 4)["queries_per_s"] is None  # nothing left to time
+    assert job_throughput({}, 4)["queries_per_s"] is None  # no manifest: still running, or failed
+    report = _report()
+    report["rows"]["demo"]["standard RAG"].update(queries_per_s=0.5, queries_per_s_over=3)
+    assert "| 0.500 (3/4) |" in render_markdown(report) and "0.500 (3/4)" in render_html(report)
+    assert "timed over its last attempt's k answers" in render_markdown(report)
 
 
 @pytest.mark.slow
