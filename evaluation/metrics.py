@@ -1,7 +1,10 @@
 """Answer-quality metrics, each as the papers compute it.
 
 EM/F1 use SQuAD normalisation (HotpotQA, NQ); contains-accuracy is the Self-RAG
-convention (PopQA, TriviaQA: a gold alias occurs in the output); choice/label accuracy for
+convention (PopQA, TriviaQA: a gold alias occurs in the answer), taken over the answer the method
+gives, not its raw output: a method that reasons before its answer (SARDI's steps, which copy
+retrieved sentences, then ``### answer``) would otherwise be credited for a gold alias it only
+quoted (PopQA: 85% in SARDI's raw output, 19% in its answers); choice/label accuracy for
 ARC and PubHealth; str-EM (ALCE: share of sub-questions whose short answer occurs) and
 ROUGE-L against the reference long answers for ASQA.
 """
@@ -71,7 +74,7 @@ TASK_METRICS = {
 def score_row(task_type: str, answer: str, raw_output: str, choice: str | None, gold: dict) -> dict[str, float]:
     answers = gold.get("answers") or []
     if task_type == "short_form":
-        return {"contains": contains(raw_output or answer, answers), "em": exact_match(answer, answers),
+        return {"contains": contains(answer, answers), "em": exact_match(answer, answers),
                 "f1": f1(answer, answers)}
     if task_type in ("multiple_choice", "claim_verification"):
         return {"accuracy": choice_accuracy(choice, answers)}

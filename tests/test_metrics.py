@@ -33,3 +33,12 @@ def test_score_row_by_task_type():
     gold = {"answers": ["Paris"], "answer_groups": []}
     assert score_row("short_form", "Paris", "Paris.", None, gold) == {"contains": 1.0, "em": 1.0, "f1": 1.0}
     assert score_row("multiple_choice", "B", "B", "B", {"answers": ["B"]}) == {"accuracy": 1.0}
+
+
+def test_contains_scores_the_answer_not_the_reasoning_that_quoted_a_passage():
+    # SARDI's response: steps copying a retrieved sentence, then its answer after ###
+    gold = {"answers": ["politician"], "answer_groups": []}
+    raw = "Step 1: He is a Thai politician and actor.\n### Thai actor"
+    assert score_row("short_form", "Thai actor", raw, None, gold)["contains"] == 0.0
+    assert score_row("short_form", "", raw, None, gold)["contains"] == 0.0  # no answer given
+    assert score_row("short_form", "a politician", raw, None, gold)["contains"] == 1.0
