@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from specrag.inference.types import GenerateRequest
 from specrag.methods.base import Method, MethodConfig, QueryState
 from specrag.methods.prompts import sardi_prompt
-from specrag.methods.sardi import evidence, extract_answer, normalise_proxy, retrieval_query
+from specrag.methods.sardi import evidence, finalise_response, normalise_proxy, prompt_question, retrieval_query
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class ActiveRetrievalLoop:
             return state["docs"]
 
         async def generate(n: int):
-            prompt = sardi_prompt(question, evidence(state["docs"], c.passage_words))
+            prompt = sardi_prompt(prompt_question(item.query), evidence(state["docs"], c.passage_words))
             return await ctx.generate(GenerateRequest(prompt, max_new_tokens=n, continuation_ids=tuple(out)))
 
         def accept(ids: list[int]) -> None:
@@ -136,8 +136,7 @@ class ActiveRetrievalLoop:
                 break
         trace.response = ctx.detokenize(out).strip()
         item.docs = list(state["docs"] or [])
-        item.raw_output, item.answer = trace.response, extract_answer(trace.response)
-        return item
+        return finalise_response(item, trace.response)
 
     def _query(self, ctx, question: str, out: list[int]) -> str:
         proxy = normalise_proxy(ctx.detokenize(out), self.config.deduplicate_query)

@@ -177,6 +177,31 @@ def extract_answer(response: str) -> str:
     return ""
 
 
+def prompt_question(query: dict) -> str:
+    """The question as SARDI's prompt shows it: a closed-set task's instruction and options go with
+    it (the facts-and-``###`` frame has no place for them), or no answer could name an option."""
+    from specrag.methods.prompts import INSTRUCTIONS
+    if query["task_type"] == "multiple_choice":
+        options = "\n".join(f"{lab}. {txt}" for lab, txt in zip(query["choice_labels"], query["choices"]))
+        return f"{INSTRUCTIONS['multiple_choice']}\n{query['question']}\n{options}"
+    if query["task_type"] == "claim_verification":
+        return f"{INSTRUCTIONS['claim_verification']}\n{query['question']}"
+    return query["question"]
+
+
+def finalise_response(item: QueryState, response: str) -> QueryState:
+    """Raw output, the answer after ``###`` and, for closed-set tasks, the option or label that
+    answer names (from the answer only, as ``contains`` is scored: the steps quote passages)."""
+    from specrag.methods.prompts import extract_choice, extract_label
+    q = item.query
+    item.raw_output, item.answer = response, extract_answer(response)
+    if q["task_type"] == "multiple_choice":
+        item.choice = extract_choice(item.answer, q["choice_labels"], q["choices"]) if item.answer else None
+    elif q["task_type"] == "claim_verification":
+        item.choice = extract_label(item.answer) if item.answer else None
+    return item
+
+
 def evidence(docs: Sequence, passage_words: int) -> list[str]:
     """The passages as the prompt shows them (cut to ``passage_words`` when set)."""
     from specrag.retrieval.base import passage_text
@@ -198,7 +223,7 @@ class Denoise:
         c = self.config
         trace = item.trace.of(SARDITrace)
         trace.departures = [f"{d['setting']}={d['value']}" for d in c.departures()]
-        question = item.query["question"]
+        question, shown = item.query["question"], prompt_question(item.query)  # retrieval: the question alone
         mask_id = ctx.mask_id(self.denoiser)
         response = [mask_id] * c.max_new_tokens
         end = set(ctx.eos_ids(self.denoiser))
@@ -207,7 +232,7 @@ class Denoise:
         trace.initial_query, trace.retrievals = last_query, 1
         for step in range(1, c.steps + 1):
             ctx.next_step()
-            out = await ctx.denoise(DenoiseRequest(sardi_prompt(question, evidence(docs, c.passage_words)),
+            out = await ctx.denoise(DenoiseRequest(sardi_prompt(shown, evidence(docs, c.passage_words)),
                                                    tuple(response)), model=self.denoiser)
             trace.truncated_context_tokens += out.truncated_tokens
             masked = [i for i, t in enumerate(response) if t == mask_id]
@@ -234,8 +259,7 @@ class Denoise:
         cut = next((i for i, t in enumerate(response) if t in end), len(response))
         trace.response = ctx.detokenize(response[:cut], model=self.denoiser).strip()
         item.docs = list(docs)
-        item.raw_output, item.answer = trace.response, extract_answer(trace.response)
-        return item
+        return finalise_response(item, trace.response)
 
 
 class SARDI(Method):

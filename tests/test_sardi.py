@@ -161,6 +161,25 @@ def test_loop_commits_by_threshold_refreshes_evidence_and_extracts_the_answer():
     assert trace.steps[1].doc_ids[0] == trace.steps[0].query + "#0" and trace.steps[3].doc_ids == trace.steps[1].doc_ids
 
 
+def test_a_closed_set_question_shows_its_options_and_the_choice_is_read_from_the_answer():
+    # "missoula" (option A) only in the steps, "montana" (option B) after ###: B, not A
+    script = [([3, 4, 5, 9], [1.0, 1.0, 1.0, 1.0])]
+    ctx = _ScriptedContext(script)
+    query = {"id": "q", "question": "Which state?", "task_type": "multiple_choice",
+             "choices": ["Missoula", "Montana", "Idaho", "Utah"], "choice_labels": ["A", "B", "C", "D"]}
+    [stage] = create_method("sardi", max_new_tokens=4, steps=1).stages()
+    item = asyncio.run(stage.run(QueryState(query), ctx))
+    assert "Which state?\nA. Missoula\nB. Montana\nC. Idaho\nD. Utah" in ctx.requests[0].context
+    assert ctx.queries == ["Which state?"]  # retrieval: the question alone, no options
+    assert item.raw_output == "missoula ### montana" and item.answer == "montana" and item.choice == "B"
+    claim = {"id": "c", "question": "Montana borders Idaho.", "task_type": "claim_verification",
+             "choices": ["true", "false"], "choice_labels": ["true", "false"]}
+    ctx = _ScriptedContext([([3, 9, 9, 9], [1.0, 1.0, 1.0, 1.0])])  # no ### span: no answer, no label
+    item = asyncio.run(stage.run(QueryState(claim), ctx))
+    assert "say false.\nMontana borders Idaho." in ctx.requests[0].context
+    assert item.answer == "" and item.choice is None
+
+
 def test_an_unchanged_query_reuses_the_last_result():
     same = ([1, 2, 3], [0.95, 0.1, 0.1])
     ctx = _ScriptedContext([same, ([1, 2, 3], [1.0, 0.2, 0.1]), ([1, 2, 3], [1.0, 1.0, 1.0])])
