@@ -179,7 +179,9 @@ def extract_answer(response: str) -> str:
 
 def prompt_question(query: dict) -> str:
     """The question as SARDI's prompt shows it: a closed-set task's instruction and options go with
-    it (the facts-and-``###`` frame has no place for them), or no answer could name an option."""
+    it (the facts-and-``###`` frame has no place for them), or no answer could name an option.
+    Options are listed as ``prompts.task_input`` lists them; that module is not edited for this
+    because its source is part of every run's identity (every committed run would change)."""
     from specrag.methods.prompts import INSTRUCTIONS
     if query["task_type"] == "multiple_choice":
         options = "\n".join(f"{lab}. {txt}" for lab, txt in zip(query["choice_labels"], query["choices"]))
@@ -196,9 +198,9 @@ def finalise_response(item: QueryState, response: str) -> QueryState:
     q = item.query
     item.raw_output, item.answer = response, extract_answer(response)
     if q["task_type"] == "multiple_choice":
-        item.choice = extract_choice(item.answer, q["choice_labels"], q["choices"]) if item.answer else None
+        item.choice = extract_choice(item.answer, q["choice_labels"], q["choices"])  # "" names none
     elif q["task_type"] == "claim_verification":
-        item.choice = extract_label(item.answer) if item.answer else None
+        item.choice = extract_label(item.answer)
     return item
 
 

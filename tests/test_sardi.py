@@ -97,7 +97,7 @@ class _ScriptedContext:
     """A denoiser that returns hand-built (argmax, confidence) rows in turn, a retriever that
     returns documents named after the query; words are token ids (id 0 the mask, 9 the end)."""
 
-    WORDS = {1: "lynch", 2: "born", 3: "missoula", 4: "###", 5: "montana", 9: ""}
+    WORDS = {1: "lynch", 2: "born", 3: "missoula", 4: "###", 5: "montana", 6: "true", 7: "false", 9: ""}
 
     def __init__(self, script):
         self.script = list(script)
@@ -174,10 +174,13 @@ def test_a_closed_set_question_shows_its_options_and_the_choice_is_read_from_the
     assert item.raw_output == "missoula ### montana" and item.answer == "montana" and item.choice == "B"
     claim = {"id": "c", "question": "Montana borders Idaho.", "task_type": "claim_verification",
              "choices": ["true", "false"], "choice_labels": ["true", "false"]}
-    ctx = _ScriptedContext([([3, 9, 9, 9], [1.0, 1.0, 1.0, 1.0])])  # no ### span: no answer, no label
+    ctx = _ScriptedContext([([6, 4, 7, 9], [1.0, 1.0, 1.0, 1.0])])  # "true" in the steps, "false" the answer
     item = asyncio.run(stage.run(QueryState(claim), ctx))
     assert "say false.\nMontana borders Idaho." in ctx.requests[0].context
-    assert item.answer == "" and item.choice is None
+    assert item.answer == "false" and item.choice == "false"
+    ctx = _ScriptedContext([([6, 9, 9, 9], [1.0, 1.0, 1.0, 1.0])])  # no ### span: no answer, no label
+    item = asyncio.run(stage.run(QueryState(claim), ctx))
+    assert item.raw_output == "true" and item.answer == "" and item.choice is None
 
 
 def test_an_unchanged_query_reuses_the_last_result():
