@@ -54,6 +54,10 @@ class DenoiserTrainingConfig:
     held_out: float = 0.1  # share of traces kept back for the accuracy check
     checkpoint_every: int = 0  # trace-stage steps between checkpoints (0: at the end of the stage only)
     patience: int = 0  # stop after this many checkpoints without a better score (0: never early)
+    # > 0: train the trace stage to this step and keep it, with no checkpoint before it: replays a
+    # recorded run's kept step (its report's best_step) without re-running its probes; the schedule
+    # is still sized by the whole stage, so the weights are the recorded run's
+    stop_at_step: int = 0
     seed: int = 0
     threads: int = 1
 
@@ -66,8 +70,10 @@ class DenoiserTrainingConfig:
             raise ValueError(f"response_tokens={self.response_tokens} leaves no room in {self.max_positions} positions")
         if not 0 < self.min_mask_ratio < 1 or not 0 <= self.held_out < 1 or self.learning_rate <= 0:
             raise ValueError("need 0 < min_mask_ratio < 1, 0 <= held_out < 1, learning_rate > 0")
-        if self.checkpoint_every < 0 or self.patience < 0:
-            raise ValueError("need checkpoint_every >= 0 and patience >= 0")
+        if self.checkpoint_every < 0 or self.patience < 0 or self.stop_at_step < 0:
+            raise ValueError("need checkpoint_every >= 0, patience >= 0 and stop_at_step >= 0")
+        if self.stop_at_step and (self.patience or self.checkpoint_every):
+            raise ValueError("stop_at_step replays a kept step: it takes no checkpoint_every or patience")
 
 
 @dataclass(frozen=True)
@@ -297,8 +303,10 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
             optimizer.load_state_dict(resumed["optimizer"])
             schedule.load_state_dict(resumed["schedule"])
         resumed = None  # its tensors are in the model and optimiser now
-        every = config.checkpoint_every or total
-        for s in range(done, total):
+        if config.stop_at_step > total:
+            raise ValueError(f"stop_at_step={config.stop_at_step} is past the trace stage's {total} steps")
+        every = config.stop_at_step or config.checkpoint_every or total
+        for s in range(done, config.stop_at_step or total):
             train_step(train_rows, optimizer, schedule, report.trace_step_loss, total, "traces", done)
             if (s + 1) % every and s + 1 < total:
                 continue
@@ -306,7 +314,7 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
             # the score: the probe's answer F1, ties (every checkpoint at 0 early on) broken by the accuracy
             mean_accuracy = float(np.mean(list(record["accuracy"].values()))) if record["accuracy"] else 0.0
             record["score"] = [mean_accuracy]
-            if probe is not None:
+            if probe is not None and not config.stop_at_step:
                 folder = state_dir / "probe"
                 save_trained(model, tokenizer, config, report, folder, base, adapted, provenance)
                 record["probe"] = probe(folder)
@@ -318,13 +326,17 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
             else:
                 best["stale"] += 1
             say(f"denoiser checkpoint at trace step {s + 1}/{total}: held-out accuracy {record['accuracy']}"
-                + (f", probe {({k: v for k, v in record['probe'].items() if k != 'examples'})}" if probe else "")
+                + (f", probe {({k: v for k, v in record['probe'].items() if k != 'examples'})}" if "probe" in record else "")
                 + f"; best so far: step {best['step']} (score {[round(x, 4) for x in best['score']]})")
-            stop = bool(config.patience) and best["stale"] >= config.patience and s + 1 < total
+            stop = (bool(config.patience) and best["stale"] >= config.patience and s + 1 < total
+                    or s + 1 == config.stop_at_step)
             if s + 1 < total and not stop:
                 report.wall_s = round(earlier_wall + time.time() - started, 3)
                 save_state(state_dir, identity, model, optimizer, schedule, generator, rng, order, s + 1, best,
                             best_weights, report)
+            if stop and config.stop_at_step:
+                say(f"denoiser training: stopped at trace step {s + 1} (stop_at_step)")
+                break
             if stop:
                 report.stopped_early = True
                 say(f"denoiser training: stopped early, {config.patience} checkpoint(s) without a better score")

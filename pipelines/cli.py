@@ -279,7 +279,8 @@ def cmd_train_denoiser(args, extra) -> int:
                                     response_tokens=args.response_tokens, held_out=args.held_out, seed=args.seed,
                                     threads=args.threads, max_positions=args.max_positions or
                                     (1024 if adapts_ar_model(args.base) else 512),
-                                    checkpoint_every=args.checkpoint_every, patience=args.patience)
+                                    checkpoint_every=args.checkpoint_every, patience=args.patience,
+                                    stop_at_step=args.stop_at_step)
     from specrag.pipelines.training_inputs import TrainingInputFailed
     try:
         report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
@@ -500,6 +501,10 @@ def parser() -> argparse.ArgumentParser:
                    help="trace-stage steps between checkpoints (0: at the end only); each is measured, written to "
                         "OUTPUT.partial (a rerun resumes from it), and the best is kept")
     p.add_argument("--patience", type=int, default=0, help="stop after this many checkpoints without a better score")
+    p.add_argument("--stop-at-step", type=int, default=0,
+                   help="train the trace stage to this step and keep it, no checkpoint or probe before it: replays a "
+                        "recorded run's kept step (its training manifest's best_step) in a fraction of its time; "
+                        "takes no --checkpoint-every or --patience")
     p.add_argument("--probe-questions", type=int, default=20,
                    help="held-out questions answered (DLM static) at each checkpoint; their F1 picks the best (0: the "
                         "held-out masked-word accuracy does)")

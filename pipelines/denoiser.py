@@ -201,7 +201,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     if max_passages:
         passages = passages[:max_passages]
     probe = None
-    if probe_questions:
+    if probe_questions and not config.stop_at_step:  # a replay keeps its recorded step: nothing to choose
         from specrag.inference.denoiser_training import split_held_out
         held = {t.id for t in split_held_out(traces, config.held_out, config.seed)[1]}
         probed = [r for r in rows if r["id"] in held][:probe_questions]

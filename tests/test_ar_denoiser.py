@@ -173,3 +173,27 @@ def test_checkpoints_keep_the_best_stop_early_and_resume_where_a_killed_run_stop
     for name in ("model.safetensors", "mlm_head.safetensors"):
         a, b = (load_file(str(tmp_path / run / "model" / name)) for run in ("whole", "b"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_a_replay_of_the_kept_step_gives_the_recorded_runs_weights_without_its_probes(tmp_path):
+    """stop_at_step trains straight to a recorded run's best step (the schedule still sized by the
+    whole stage), with no checkpoint or probe before it: the weights are the recorded run's."""
+    from safetensors.torch import load_file
+    from specrag.inference.denoiser_training import DenoiserTrainingConfig
+    scores = iter([10.0, 30.0, 20.0, 20.0])
+    recorded = _toy_training(tmp_path / "a", lambda folder: {"f1": next(scores)}, patience=2)
+    assert recorded.best_step == 2 and recorded.stopped_early
+
+    def no_probe(folder):
+        raise AssertionError("a replay runs no probe")
+
+    replay = _toy_training(tmp_path / "r", no_probe, checkpoint_every=0, stop_at_step=recorded.best_step)
+    assert replay.best_step == 2 and [c["step"] for c in replay.checkpoints] == [2] and not replay.stopped_early
+    assert replay.trace_step_loss == recorded.trace_step_loss[:2] and replay.corpus_step_loss == recorded.corpus_step_loss
+    for name in ("model.safetensors", "mlm_head.safetensors"):
+        a, b = (load_file(str(tmp_path / run / "model" / name)) for run in ("a", "r"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    with pytest.raises(ValueError, match="past the trace stage"):
+        _toy_training(tmp_path / "x", None, checkpoint_every=0, stop_at_step=99)
+    with pytest.raises(ValueError, match="no checkpoint_every or patience"):
+        DenoiserTrainingConfig(stop_at_step=2, patience=1).validate()
