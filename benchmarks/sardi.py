@@ -70,8 +70,9 @@ SAME_ANSWERS = [("ar every-token (prefix reuse)", "ar every-token")]  # meant to
 # ~17 s, trace steps ~55 s (57 an epoch), a checkpoint's probe ~3 min; up to 3 trace epochs, stopped
 # after 2 checkpoints without a better score (the issue: stop when more training stops helping), so
 # 1 h 45 min to 3 h. The settings are the folder's name and its training manifest's. A fresh checkout
-# replays the committed record instead (`replayed`: its kept step, no checkpoints or probes): 2026-12-02,
-# AMD EPYC, 2 cores: corpus steps ~7 s, trace steps ~42 s, 54 min for 70 steps (3,236 s, preparation included), weights @sha256:884fd1332ee8a332 as recorded.
+# replays the committed record instead (`replayed`: its kept step, no checkpoints or probes). 2026-12-02,
+# AMD EPYC, 2 cores: corpus steps ~7 s, trace steps ~37-42 s, 70 trace steps in 54 min (3,236 s with
+# the preparation), and the weights the record names (@sha256:884fd1332ee8a332).
 TRAIN = {"hotpotqa": 210, "nq": 400}
 BASE = "smollm2-135m-instruct"
 TRAINING = ("--corpus-steps", "30", "--trace-epochs", "3", "--batch-size", "8", "--learning-rate", "5e-5",
