@@ -99,7 +99,7 @@ def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = W
     trained = not (denoiser / "specrag_model.json").exists()
     # the training record (recipe, per-checkpoint accuracy and probe answers) lands with the runs: the
     # weights are too large to commit, and the record is the evidence of what more training did. A
-    # recorded run is replayed (its kept step, no checkpoints or probes: ~55 min, not 2 h) and must
+    # recorded run is replayed (its kept step, no checkpoints or probes: 54 min, not 2 h) and must
     # give the weights it names; a folder found made leaves the committed record as it is.
     record = RUNS / denoiser.name / "training_manifest.json"
     recorded = json.loads(record.read_text()) if record.exists() else None

@@ -236,6 +236,9 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
     encode = lambda e: (inputs.context_ids(e.context), inputs.response_ids(e.response, config.response_tokens))  # noqa: E731
     train_rows, held_rows = [encode(e) for e in train], [encode(e) for e in held]
     report.truncated_contexts = sum(len(c) > room for c, _ in train_rows + held_rows)
+    stage_steps = math.ceil(len(train_rows) / config.batch_size) * config.trace_epochs
+    if config.stop_at_step > stage_steps:  # before any training, not after the corpus stage
+        raise ValueError(f"stop_at_step={config.stop_at_step} is past the trace stage's {stage_steps} steps")
     passage_rows = [([], tokenizer(p, add_special_tokens=False)["input_ids"][:config.passage_tokens])
                     for p in passages]
     passage_rows = [r for r in passage_rows if len(r[1]) >= 4]
@@ -303,8 +306,6 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
             optimizer.load_state_dict(resumed["optimizer"])
             schedule.load_state_dict(resumed["schedule"])
         resumed = None  # its tensors are in the model and optimiser now
-        if config.stop_at_step > total:
-            raise ValueError(f"stop_at_step={config.stop_at_step} is past the trace stage's {total} steps")
         every = config.stop_at_step or config.checkpoint_every or total
         for s in range(done, config.stop_at_step or total):
             train_step(train_rows, optimizer, schedule, report.trace_step_loss, total, "traces", done)
