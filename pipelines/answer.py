@@ -48,6 +48,9 @@ class AnswerJob:
     gather_timeout_s: float | None = None
     beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)
     resume: bool = False
+    # with resume: the queries the earlier attempts answered, when ``queries`` now holds them and
+    # more (a suite's first 30 questions grown to its first 100): their results are kept
+    grow_from: str | None = None
     overwrite: bool = False
     # streaming: queries admitted into the per-process engine as they arrive;
     # fixed-batch: the earlier shard → batch → drain-one-batch execution (for comparisons)
@@ -67,6 +70,10 @@ class AnswerJob:
             raise ValueError(f"max_failure_fraction must be in [0, 1], got {self.max_failure_fraction}")
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other")
+        if self.grow_from is not None and not self.resume:
+            raise ValueError("--grow-from keeps an earlier run's results: it needs --resume")
+        if self.grow_from is not None and self.stream is not None:
+            raise ValueError("--grow-from grows a batch run over a larger query file; a streaming run has no fixed input")
         if self.stream is not None:
             self.stream.validate()  # an unbounded source may hold no file yet
         else:
@@ -179,13 +186,48 @@ def input_contents(inputs: dict) -> list[dict]:
     return sorted((v for v in inputs.values()), key=lambda v: json.dumps(v, sort_keys=True))
 
 
-def check_same_inputs(out: str, inputs: dict) -> None:
+def recorded_inputs(out: str) -> list[dict] | None:
+    """What the input files of the run in ``out`` held (``input_contents``), from inputs.json or,
+    for a run from before that file was written, its manifest; None when neither says."""
+    if exists(join(out, INPUTS_FILE)):
+        return json.loads(read_text(join(out, INPUTS_FILE)))
+    if exists(join(out, "manifest.json")):
+        return input_contents(json.loads(read_text(join(out, "manifest.json"))).get("inputs") or {}) or None
+    return None
+
+
+def check_same_inputs(out: str, inputs: dict, grow_from: str | None = None) -> dict | None:
     """Refuse to resume a folder whose earlier attempts answered other input files: the results
-    would mix two query sets. Folders from before inputs were recorded are not checked."""
-    path = join(out, INPUTS_FILE)
-    if exists(path) and json.loads(read_text(path)) != json.loads(json.dumps(input_contents(inputs))):
+    would mix two query sets. With ``grow_from`` the earlier input may be a part of this one: it
+    must be exactly what the earlier attempts answered, and every one of its rows must be in this
+    input unchanged; returns its fingerprint then (None when the inputs are the same)."""
+    recorded = recorded_inputs(out)
+    if recorded is None or recorded == json.loads(json.dumps(input_contents(inputs))):
+        return None
+    if grow_from is None:
         raise ValueError(f"cannot resume {out}: its results were made from other input files than "
-                         f"{', '.join(inputs) or 'these'}; use the same --queries, --overwrite, or a new --output")
+                         f"{', '.join(inputs) or 'these'}; use the same --queries, --grow-from EARLIER_QUERIES when "
+                         "these queries hold the earlier ones and more, --overwrite, or a new --output")
+    earlier = dataset_fingerprint(expand_inputs(grow_from))
+    if recorded != json.loads(json.dumps(input_contents(earlier))):
+        raise ValueError(f"cannot grow {out} from {grow_from}: its results were made from other input files "
+                         f"({sum(r.get('rows') or 0 for r in recorded)} rows) than {grow_from}")
+    missing = rows_not_contained(list(earlier), list(inputs))
+    if missing:
+        raise ValueError(f"cannot grow {out} from {grow_from}: {len(missing)} of its rows are not in the new input "
+                         f"unchanged (first: id {missing[0]!r}); the earlier results would answer other questions")
+    return earlier
+
+
+def rows_not_contained(earlier: list[str], files: list[str]) -> list[str]:
+    """Ids of the rows of the ``earlier`` files that ``files`` lack or hold with other content, in file order."""
+    import hashlib
+
+    def digest(row: dict) -> str:
+        return hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()
+    held = {(r.get("id"), digest(r)) for f in files for r in read_parquet(f).to_pylist()}
+    return [str(r.get("id")) for f in earlier for r in read_parquet(f).to_pylist()
+            if (r.get("id"), digest(r)) not in held]
 
 
 def finished_files(out: str) -> tuple[list[str], int]:
@@ -216,15 +258,16 @@ def run_answer(job: AnswerJob) -> dict:
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
     inputs = dataset_fingerprint(expand_inputs(job.queries))
+    grown = None
     if job.resume:
         check_resumable(out, identity)
-        check_same_inputs(out, inputs)
+        grown = check_same_inputs(out, inputs, job.grow_from)
     mkdirs(out)
     with Lease(out) as lease:  # one writer per folder: a second run is refused here
         # --overwrite removes nothing yet: the earlier run is set aside, put back if this run
         # fails, deleted once it has written its outputs and manifest
         with replacing(out, lambda: run_files(out), job.overwrite and not job.resume):
-            manifest = _run(job, identity, fingerprint, inputs, lease.token)
+            manifest = _run(job, identity, fingerprint, inputs, lease.token, grown)
     rec = manifest["reconciliation"]
     if rec["lost"] > 0:
         raise RunFailed(f"{reconciliation_line(rec)}: {rec['lost']} input rows are in neither results nor dead "
@@ -255,7 +298,8 @@ def run_files(out: str) -> list[str]:
                               INPUTS_FILE) for f in match_files(join(out, pattern))]
 
 
-def _run(job: AnswerJob, identity: dict, fingerprint: str, inputs: dict, lease_token: str) -> dict:
+def _run(job: AnswerJob, identity: dict, fingerprint: str, inputs: dict, lease_token: str,
+         grown: dict | None = None) -> dict:
     out = job.output
     # written before the run: a killed run can still only be resumed with the same identity and inputs
     write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
@@ -279,7 +323,9 @@ def _run(job: AnswerJob, identity: dict, fingerprint: str, inputs: dict, lease_t
     wall = round(time.time() - started, 3)
     rec = reconcile(out, inputs)
     earlier = json.loads(read_text(join(out, "manifest.json"))) if job.resume and exists(join(out, "manifest.json")) else {}
-    attempts = [*(earlier.get("attempts") or []), {"attempt": attempt, "wall_s": wall, "counters": counters}]
+    this = {"attempt": attempt, "wall_s": wall, "counters": counters,
+            **({"grew_from": input_contents(grown)} if grown else {})}  # the input its earlier attempts answered
+    attempts = [*(earlier.get("attempts") or []), this]
     manifest = write_manifest(out, {
         "job": "answer",
         "method": job.method.name,

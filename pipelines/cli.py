@@ -164,7 +164,7 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
     method = create_method(name, **parse_settings(name, a.set or []))
     runtime = options.view_as(RuntimeOptions).runtime_config(method)
     return AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
-                     num_shards=a.shards, beam_args=beam_args, resume=o.resume,
+                     num_shards=a.shards, beam_args=beam_args, resume=o.resume, grow_from=o.grow_from,
                      overwrite=r.overwrite, execution=a.execution,
                      max_failure_fraction=r.max_failure_fraction, gather_timeout_s=a.gather_timeout,
                      shard_rows=a.shard_rows, bad_files=o.bad_files, stream=stream)
@@ -311,6 +311,8 @@ def cmd_extract_triplets(args, flags) -> int:
     x, o, r = options.view_as(ExtractTripletsOptions), options.view_as(OutputOptions), options.view_as(ReplaceOptions)
     x.validate()
     r.validate()
+    if o.grow_from:
+        raise ValueError("--grow-from grows an answer run; extract-triplets resumes over the same corpus only")
     runtime = options.view_as(RuntimeOptions)
     roles = ("generator",) if x.extractor == "generator" else ()
     model = runtime.models_by_role({}, roles, f"extract-triplets --extractor {x.extractor}").get("generator")

@@ -89,33 +89,50 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
     return queries, index
 
 
-def _finished(output: str, fingerprint: str) -> dict | None:
-    """The manifest of a finished run with this identity, or None."""
+def _finished(output: str, fingerprint: str, contents: list[dict]) -> dict | None:
+    """The manifest of a finished run with this identity over these inputs, or None (a suite whose
+    ``limit`` grew finds its earlier, smaller run: that one is grown, not reported as this)."""
+    from specrag.pipelines.answer import recorded_inputs
     from specrag.transforms.files import exists, join, read_text
     path = join(output, "manifest.json")
     if not exists(path):
         return None
     manifest = json.loads(read_text(path))
-    return manifest if manifest.get("run_fingerprint") == fingerprint else None
+    if manifest.get("run_fingerprint") != fingerprint:
+        return None
+    return manifest if recorded_inputs(output) == json.loads(json.dumps(contents)) else None
 
 
 def reusable_elsewhere(reuse_from: list[str], fingerprint: str, contents: list[dict]) -> str | None:
     """A finished run in another suite's runs folder (ROOT/DATASET/METHOD) with this run identity
-    and these input contents, whatever its labels: the same job need not run twice. A run from
-    before inputs.json was written is matched on the inputs its manifest records."""
-    from specrag.pipelines.answer import INPUTS_FILE, input_contents
-    from specrag.transforms.files import exists, join, match_files, read_text
+    and these input contents, whatever its labels: the same job need not run twice."""
+    from specrag.pipelines.answer import recorded_inputs
+    from specrag.transforms.files import join, match_files, read_text
     for root in reuse_from:
         for manifest_path in sorted(match_files(join(root, "*", "*", "manifest.json"))):
             folder = manifest_path.rsplit("/", 1)[0]
-            manifest = json.loads(read_text(manifest_path))
-            if manifest.get("run_fingerprint") != fingerprint:
+            if json.loads(read_text(manifest_path)).get("run_fingerprint") != fingerprint:
                 continue
-            recorded = (json.loads(read_text(join(folder, INPUTS_FILE))) if exists(join(folder, INPUTS_FILE))
-                        else input_contents(manifest.get("inputs") or {}))
-            if recorded and recorded == contents:
+            if recorded_inputs(folder) == json.loads(json.dumps(contents)):
                 return folder
     return None
+
+
+def earlier_prefix(dataset: SuiteDataset, workdir: Path, output: str, contents: list[dict]) -> str | None:
+    """The queries file of the run in ``output`` when they are a prefix of this dataset's questions
+    (the run was made with a smaller ``limit``): the same questions taken with that limit, whose
+    contents match what the run recorded. None when the run answered these inputs or others."""
+    from specrag.pipelines.answer import input_contents, recorded_inputs
+    from specrag.transforms.parquet_io import dataset_fingerprint
+    recorded = recorded_inputs(output)
+    if not recorded or recorded == json.loads(json.dumps(contents)):
+        return None
+    rows, now = sum(r.get("rows") or 0 for r in recorded), sum(r.get("rows") or 0 for r in contents)
+    if not 0 < rows < now:
+        return None
+    prefix, _ = prepare_dataset(replace(dataset, limit=rows), workdir)
+    same = json.loads(json.dumps(input_contents(dataset_fingerprint([prefix])))) == recorded
+    return prefix if same else None
 
 
 def copy_run(source: str, out: str) -> dict:
@@ -199,20 +216,22 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
                 job = replace(job, extra_manifest={"suite": suite.name, "suite_label": method.label,
                                                    "suite_dataset": dataset.name})
                 fingerprint = run_fingerprint(run_identity(job))
-                done = _finished(out, fingerprint)
+                contents = input_contents(dataset_fingerprint(expand_inputs(job.queries)))
+                done = _finished(out, fingerprint, contents)
                 if done is not None:
                     rec.status, rec.manifest = "reused", done
                     print(f"{step}: reused ({out})", flush=True)
                     continue
                 resume = bool(match_files(join(out, "results-*.parquet"))) or exists(join(out, IDENTITY_FILE))
-                source = None if resume else reusable_elsewhere(
-                    list(reuse_from), fingerprint, input_contents(dataset_fingerprint(expand_inputs(job.queries))))
+                source = None if resume else reusable_elsewhere(list(reuse_from), fingerprint, contents)
                 if source is not None:
                     rec.status, rec.manifest = "reused", copy_run(source, out)
                     print(f"{step}: reused (copied from {source})", flush=True)
                     continue
-                job = replace(job, resume=resume, overwrite=False)
-                print(f"{step}: {'resuming' if resume else 'running'} {method.method} …", flush=True)
+                grow_from = earlier_prefix(dataset, workdir, out, contents) if resume else None
+                job = replace(job, resume=resume, grow_from=grow_from, overwrite=False)
+                print(f"{step}: {'resuming' if resume else 'running'} {method.method}"
+                      f"{f' (growing the run over {grow_from})' if grow_from else ''} …", flush=True)
                 started = time.time()
                 rec.manifest = run_answer(job)
                 rec.status, rec.wall_s = ("resumed" if resume else "ran"), time.time() - started

@@ -137,6 +137,10 @@ class OutputOptions(PipelineOptions):
         _flag(group, "output", help="output folder (any FileSystems path); required")
         _flag(group, "resume", action="store_true",
               help="keep earlier output in --output and process only the rows without one")
+        _flag(group, "grow_from", default=None, metavar="EARLIER_QUERIES",
+              help="answer: with --resume, the queries the earlier attempts answered when --queries holds them and "
+                   "more (a longer prefix of the same set): their results are kept once every earlier row is "
+                   "found in --queries unchanged")
         _flag(group, "bad_files", default="fail", choices=("fail", "dead-letter"),
               help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
                    "dead letter naming it while the other files are processed")

@@ -166,6 +166,22 @@ def test_a_method_limited_to_some_datasets_runs_only_there_also_when_narrowed(tm
         load_suite(_suite(tmp_path, text.replace("datasets: [b]", "datasets: [c]")))
 
 
+def test_a_suite_whose_limit_grew_grows_its_runs_and_never_reports_the_smaller_one_as_done(tmp_path):
+    """limit 2 → 4: the finished 2-question run is not "reused" as the 4-question one; it is grown
+    (its 2 answers kept, 2 more answered); limit 3 after that is refused, not mixed in."""
+    text = ("name: t\nflags: {runner: FnApiRunner}\ndatasets:\n  - {name: demo, queries: demo, index: {corpus: demo}, "
+            "limit: LIMIT}\nmethods:\n  - {label: retrieval, method: retrieve-only, set: {top_k: 2}}\n")
+    run = lambda limit: run_compare(_suite(tmp_path, text.replace("LIMIT", str(limit))), tmp_path / "work").records[0]  # noqa: E731
+    assert run(2).status == "ran"
+    grown = run(4)
+    assert grown.status == "resumed" and grown.manifest["resumed"]["skipped_finished"] == 2
+    assert grown.manifest["reconciliation"]["results"] == 4 and grown.manifest["counters"]["answered"] == 2
+    assert grown.manifest["attempts"][-1]["grew_from"][0]["rows"] == 2
+    assert run(4).status == "reused"
+    shrunk = run(3)
+    assert shrunk.status == "failed" and "made from other input files" in shrunk.error
+
+
 def test_report_only_starts_no_job_and_needs_no_model_of_an_earlier_sitting(tmp_path):
     """A suite longer than one sitting: the report is built from the runs made so far; a run not
     there yet is listed as not run, and a trained model that is not on this machine is not asked for."""

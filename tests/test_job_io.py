@@ -1,6 +1,7 @@
 """Job I/O through Beam's FileSystems (a test scheme stands in for gs:// and s3://), corrupt
 inputs and strict options; a run killed with SIGKILL that --resume completes is in
 test_object_store.py (on S3, against an uninterrupted local run)."""
+import hashlib
 import json
 import shutil
 import socket
@@ -297,6 +298,40 @@ def test_an_earlier_run_is_kept_without_overwrite_and_resumed_only_with_the_same
     again = run_answer(job("copy.parquet", resume=True))  # the same queries under another name
     assert again["resumed"]["skipped_finished"] == 2
     assert sorted(r["id"] for r in _read(tmp_path / "out", "results")) == ["a", "b"]
+
+
+def test_a_run_grows_over_more_queries_keeping_the_earlier_answers_only_when_they_are_the_same_rows(tmp_path):
+    """--grow-from: a run over the first 2 questions resumed over the first 4 answers only the 2 new
+    ones; refused without it, from a file other than the one the run answered, or when an earlier
+    question changed in the new input (same id, other text)."""
+    table = lambda rows: pa.Table.from_pylist([{"id": i, "question": q} for i, q in rows], schema=QUERIES)  # noqa: E731
+    rows = [("a", "one"), ("b", "two"), ("c", "three"), ("d", "four")]
+    pq.write_table(table(rows[:2]), tmp_path / "first-2.parquet")
+    pq.write_table(table(rows), tmp_path / "first-4.parquet")
+    pq.write_table(table([rows[0], ("b", "changed"), *rows[2:]]), tmp_path / "changed.parquet")
+    pq.write_table(table(rows[1:3]), tmp_path / "other-2.parquet")
+    out = tmp_path / "out"
+    job = lambda queries, **kw: AnswerJob(str(tmp_path / queries), str(out), Echo(MethodConfig()),  # noqa: E731
+                                          RuntimeConfig(models=()), **kw)
+    run_answer(job("first-2.parquet"))
+    with pytest.raises(ValueError, match="--grow-from EARLIER_QUERIES when these queries hold the earlier ones"):
+        run_answer(job("first-4.parquet", resume=True))
+    with pytest.raises(ValueError, match="needs --resume"):
+        run_answer(job("first-4.parquet", grow_from=str(tmp_path / "first-2.parquet")))
+    with pytest.raises(ValueError, match=r"made from other input files \(2 rows\) than .*other-2.parquet"):
+        run_answer(job("first-4.parquet", resume=True, grow_from=str(tmp_path / "other-2.parquet")))
+    with pytest.raises(ValueError, match="1 of its rows are not in the new input unchanged \\(first: id 'b'\\)"):
+        run_answer(job("changed.parquet", resume=True, grow_from=str(tmp_path / "first-2.parquet")))
+    assert sorted(r["id"] for r in _read(out, "results")) == ["a", "b"]  # the refusals touched nothing
+    grown = run_answer(job("first-4.parquet", resume=True, grow_from=str(tmp_path / "first-2.parquet")))
+    assert grown["resumed"]["skipped_finished"] == 2 and grown["counters"]["answered"] == 2
+    assert grown["reconciliation"]["input_rows"] == 4 and grown["reconciliation"]["results"] == 4
+    earlier = hashlib.sha256((tmp_path / "first-2.parquet").read_bytes()).hexdigest()
+    assert grown["attempts"][-1]["grew_from"] == [{"rows": 2, "sha256": earlier}]  # what the first 2 came from
+    results = {r["id"]: r for r in _read(out, "results")}
+    assert sorted(results) == ["a", "b", "c", "d"] and results["c"]["answer"] == "THREE"
+    again = run_answer(job("first-4.parquet", resume=True))  # now a run over the 4: resumes as any other
+    assert again["resumed"]["skipped_finished"] == 4
 
 
 def test_every_input_row_is_accounted_for_across_resumes(tmp_path):
