@@ -108,6 +108,7 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
     report = json.loads(Path(report_json).read_text())
     suite = load_suite(REPO / "benchmarks" / "suites" / "drafter.yaml")
     queries = {d.name: d.queries for d in suite.datasets}
+    limit = {d.name: d.limit for d in suite.datasets}
     datasets, rows = report["datasets"], report["rows"]
     labels = list(dict.fromkeys(r["label"] for r in report["runs"]))
     run_dir = {(r["dataset"], r["label"]): r.get("output") for r in report["runs"]}
@@ -117,14 +118,23 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
         for d in datasets:
             r = rows.get(d, {}).get(label)
             older = bool(r and r.get("n") and run_dir.get((d, label))
-                         and made_before(REPO / run_dir[(d, label)], BATCHER_CHANGE))
-            row[d] = (f"{r[r['headline_metric']]:.1f} · {r['mean_latency_s']:.1f} s{' †' if older else ''}"
+                         and made_before(REPO / run_dir[(d, label)], BATCHER_CHANGE, earliest=True))
+            short = f" (n={r['n']})" if r and r.get("n") and limit.get(d) and r["n"] < limit[d] else ""
+            row[d] = (f"{r[r['headline_metric']]:.1f} · {r['mean_latency_s']:.1f} s{' †' if older else ''}{short}"
                       if r and r.get("n") else "—")
             if label in (UNTUNED, TUNED, ALONE) and r and r.get("n") and run_dir.get((d, label)):
                 oracle[(d, label)] = oracle_rate(REPO / run_dir[(d, label)], Path(queries[d]))
         table.append(row)
     oracle_rows = [{"method": label, **{d: oracle.get((d, label), "—") for d in datasets}}
                    for label in (UNTUNED, TUNED)]
+    paired = []  # the report's paired differences over the questions both runs answered
+    for method, baseline in ((TUNED, UNTUNED), (TUNED, STANDARD_LARGE), (TUNED, STANDARD_SMALL), (ALONE, TUNED)):
+        cells = {}
+        for d in datasets:
+            x = next((c for c in report["baselines"].get(d, []) if c["method"] == method and c["baseline"] == baseline),
+                     None)
+            cells[d] = f"{x['difference']:+.1f} [{x['ci95'][0]:+.1f}, {x['ci95'][1]:+.1f}] (n={x['n']})" if x else "—"
+        paired.append({"method": method, "baseline": baseline, **cells})
 
     def mean_diff(a: str, b: str, values) -> str:
         xs = [values(d, a) - values(d, b) for d in datasets if values(d, a) is not None and values(d, b) is not None]
@@ -146,8 +156,11 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
                   f"{m['held_out_loss_untrained']} → {m['held_out_loss_trained']} (step {m['best_step']}); "
                   f"{m['wall_s']:.0f} s.", ""]
     lines += ["## Results (headline metric · mean latency per query)", "", *markdown_table(table, ["method", *datasets]), "",
-              f"† made before commit {BATCHER_CHANGE} (requests that reach a busy model wait for its next batch "
-              "instead of leaving as batches of one): its latency is not comparable with the unmarked runs'.", "",
+              f"† first made before commit {BATCHER_CHANGE} (requests that reach a busy model wait for its next batch "
+              "instead of leaving as batches of one): its latency, or that of the answers it was grown from, is not "
+              "comparable with the unmarked runs'. (n=k): k of the set's questions answered so far.", "",
+              "Paired differences of the headline metric (points, 95% bootstrap interval, questions both answered)",
+              "", *markdown_table(paired, ["method", "baseline", *datasets]), "",
               "Oracle: questions with a right draft among the drafts (%)", "", *markdown_table(oracle_rows, ["method", *datasets])]
     publish(str(RESULTS), "Speculative RAG's drafter, untuned and tuned on synthesized rationales",
             machine_line(1), "\n".join(lines), claim, command)

@@ -240,16 +240,22 @@ def by_label(summary: list[dict], label: str) -> dict:
     return next(r for r in summary if r["method"] == label)
 
 
-def made_before(run: Path, commit: str) -> bool:
+def made_before(run: Path, commit: str, earliest: bool = False) -> bool:
     """Whether a run's code predates ``commit`` (its manifest's source revision, or for a run that
     recorded none, its time against the commit's): a latency from before an engine change is not
-    comparable with one from after it."""
+    comparable with one from after it. ``earliest``: judge the first manifest the folder was
+    committed with, for a run grown or resumed since (its first answers keep their latencies)."""
     import json
     import subprocess
-    manifest = json.loads((Path(run) / "manifest.json").read_text())
-    revision = manifest.get("versions", {}).get("specrag_source", "").removesuffix("+dirty")
     git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,  # noqa: E731
                                     env={**os.environ, "TZ": "UTC"})
+    manifest = json.loads((Path(run) / "manifest.json").read_text())
+    if earliest:
+        path = (Path(run).resolve() / "manifest.json").relative_to(REPO)
+        first = git("log", "--reverse", "--format=%H", "--", str(path)).stdout.split()
+        if first:
+            manifest = json.loads(git("show", f"{first[0]}:{path}").stdout)
+    revision = manifest.get("versions", {}).get("specrag_source", "").removesuffix("+dirty")
     if len(revision) == 40:
         ancestry = git("merge-base", "--is-ancestor", commit, revision)  # 0: yes, 1: no, else unknown
         if ancestry.returncode not in (0, 1):
