@@ -58,6 +58,7 @@ def prepare(data: Path, index: Path, work: Path, per_dataset: int = TRAIN_PER_DA
     """The tuned drafter's folder, synthesized and trained where missing."""
     folder = work / "drafter" / f"drafter-{per_dataset}"
     if (folder / "training_manifest.json").exists():
+        warn_other_drafter_weights(folder)
         return folder
     queries = training_questions(data, work / "drafter" / f"train-{per_dataset}.parquet", per_dataset)
     synthesis = REPO / SYNTHESIS
@@ -70,7 +71,28 @@ def prepare(data: Path, index: Path, work: Path, per_dataset: int = TRAIN_PER_DA
         # default 64) make them come steadily, so a session's stop loses at most 32 questions' work
     specrag("train-drafter", "--rationales", str(synthesis), "--output", str(folder), "--checkpoint-every", "20",
             "--threads", "2")
+    warn_other_drafter_weights(folder)
     return folder
+
+
+def warn_other_drafter_weights(folder: Path) -> list[str]:
+    """The committed suite runs whose identity names other tuned-drafter weights than ``folder``
+    holds, said aloud: trained again on another processor (AVX2 against AVX-512 kernels) the same
+    recipe gives other float weights, and those runs can then be neither resumed nor grown here."""
+    from specrag.inference.models import model_identity
+    from specrag.pipelines.manifest import machine
+    weights = model_identity(str(folder)).rsplit("@", 1)[1]
+    other = []
+    for f in sorted((REPO / "benchmarks" / "results" / "compare-drafter" / "runs").glob("*/*/identity.json")):
+        name, _, made_with = json.loads(f.read_text()).get("models", {}).get("drafter", "").rpartition("@")
+        if "drafter-" in name and made_with != weights:
+            other.append(f"{f.parent.relative_to(REPO)} ({made_with})")
+    if other:
+        print(f"{folder} holds drafter weights {weights} (trained here, on {' '.join(machine()['isa'])}); "
+              f"{len(other)} committed runs were made with other weights and cannot be grown with it: "
+              f"{', '.join(other)}. Re-make them with this drafter (git rm -r the folders) or run them where "
+              "the recipe gives their weights.", flush=True)
+    return other
 
 
 def oracle_rate(run: Path, queries: Path) -> float | None:
