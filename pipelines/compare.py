@@ -92,29 +92,34 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
 def _finished(output: str, fingerprint: str, contents: list[dict]) -> dict | None:
     """The manifest of a finished run with this identity over these inputs, or None (a suite whose
     ``limit`` grew finds its earlier, smaller run: that one is grown, not reported as this)."""
-    from specrag.pipelines.answer import recorded_inputs
     from specrag.transforms.files import exists, join, read_text
     path = join(output, "manifest.json")
     if not exists(path):
         return None
     manifest = json.loads(read_text(path))
-    if manifest.get("run_fingerprint") != fingerprint:
-        return None
-    return manifest if recorded_inputs(output) == json.loads(json.dumps(contents)) else None
+    return manifest if manifest.get("run_fingerprint") == fingerprint and answered(manifest) == _plain(contents) else None
+
+
+def answered(manifest: dict) -> list[dict]:
+    """The inputs a finished run answered, as its manifest records them (inputs.json is written when
+    an attempt starts: a grown attempt that was stopped names inputs the run has not answered)."""
+    from specrag.pipelines.answer import input_contents
+    return _plain(input_contents(manifest.get("inputs") or {}))
+
+
+def _plain(contents: list[dict]) -> list[dict]:
+    return json.loads(json.dumps(contents))
 
 
 def reusable_elsewhere(reuse_from: list[str], fingerprint: str, contents: list[dict]) -> str | None:
     """A finished run in another suite's runs folder (ROOT/DATASET/METHOD) with this run identity
     and these input contents, whatever its labels: the same job need not run twice."""
-    from specrag.pipelines.answer import recorded_inputs
     from specrag.transforms.files import join, match_files, read_text
     for root in reuse_from:
         for manifest_path in sorted(match_files(join(root, "*", "*", "manifest.json"))):
-            folder = manifest_path.rsplit("/", 1)[0]
-            if json.loads(read_text(manifest_path)).get("run_fingerprint") != fingerprint:
-                continue
-            if recorded_inputs(folder) == json.loads(json.dumps(contents)):
-                return folder
+            manifest = json.loads(read_text(manifest_path))
+            if manifest.get("run_fingerprint") == fingerprint and answered(manifest) == _plain(contents):
+                return manifest_path.rsplit("/", 1)[0]
     return None
 
 
@@ -125,13 +130,13 @@ def earlier_prefix(dataset: SuiteDataset, workdir: Path, output: str, contents: 
     from specrag.pipelines.answer import input_contents, recorded_inputs
     from specrag.transforms.parquet_io import dataset_fingerprint
     recorded = recorded_inputs(output)
-    if not recorded or recorded == json.loads(json.dumps(contents)):
+    if not recorded or recorded == _plain(contents):
         return None
     rows, now = sum(r.get("rows") or 0 for r in recorded), sum(r.get("rows") or 0 for r in contents)
     if not 0 < rows < now:
         return None
     prefix, _ = prepare_dataset(replace(dataset, limit=rows), workdir)
-    same = json.loads(json.dumps(input_contents(dataset_fingerprint([prefix])))) == recorded
+    same = _plain(input_contents(dataset_fingerprint([prefix]))) == recorded
     return prefix if same else None
 
 

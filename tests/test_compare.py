@@ -173,11 +173,19 @@ def test_a_suite_whose_limit_grew_grows_its_runs_and_never_reports_the_smaller_o
             "limit: LIMIT}\nmethods:\n  - {label: retrieval, method: retrieve-only, set: {top_k: 2}}\n")
     run = lambda limit: run_compare(_suite(tmp_path, text.replace("LIMIT", str(limit))), tmp_path / "work").records[0]  # noqa: E731
     assert run(2).status == "ran"
+    out = tmp_path / "work" / "runs" / "demo" / "retrieval"
+    two = (out / "manifest.json").read_text()
     grown = run(4)
     assert grown.status == "resumed" and grown.manifest["resumed"]["skipped_finished"] == 2
     assert grown.manifest["reconciliation"]["results"] == 4 and grown.manifest["counters"]["answered"] == 2
     assert grown.manifest["attempts"][-1]["grew_from"][0]["rows"] == 2
     assert run(4).status == "reused"
+    # the growing attempt stopped before its first answer: inputs.json names the 4, the manifest the 2
+    for f in out.glob("results-001-*.parquet"):
+        f.unlink()
+    (out / "manifest.json").write_text(two)
+    again = run(4)
+    assert again.status == "resumed" and again.manifest["counters"]["answered"] == 2
     shrunk = run(3)
     assert shrunk.status == "failed" and "made from other input files" in shrunk.error
 
