@@ -95,8 +95,8 @@ def warn_other_drafter_weights(folder: Path) -> list[str]:
     return other
 
 
-def oracle_rate(run: Path, queries: Path) -> float | None:
-    """Share of questions (%) for which some draft's answer is right."""
+def oracle_rate(run: Path, queries: Path, only: set[str] | None = None) -> float | None:
+    """Share of questions (%) for which some draft's answer is right (of ``only`` those ids, when given)."""
     import pyarrow.parquet as pq
     from specrag.evaluation.metrics import contains
     from specrag.transforms.parquet_io import expand_inputs
@@ -111,6 +111,7 @@ def oracle_rate(run: Path, queries: Path) -> float | None:
             else:
                 right = any(contains(a, q["answers"]) for a in answers)
             hits[r["id"]] = right
+    hits = {i: h for i, h in hits.items() if only is None or i in only}
     return round(100 * sum(hits.values()) / len(hits), 1) if hits else None
 
 
@@ -164,9 +165,25 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
 
     headline = lambda d, label: (lambda r: r[r["headline_metric"]] if r and r.get("n") else None)(  # noqa: E731
         rows.get(d, {}).get(label))
-    claim = (f"tuned_minus_untuned={mean_diff(TUNED, UNTUNED, headline)} "
-             f"tuned_minus_standard={mean_diff(TUNED, STANDARD_LARGE, headline)} "
-             f"oracle_draft_gain={mean_diff(TUNED, UNTUNED, lambda d, label: oracle.get((d, label)))}")
+    def paired_mean(a: str, b: str) -> str:  # over the questions both runs answered (a set may be part grown)
+        xs = [x["difference"] for d in datasets for x in report["baselines"].get(d, [])
+              if x["method"] == a and x["baseline"] == b]
+        return f"{statistics.mean(xs):.2f}" if xs else mean_diff(a, b, headline)
+
+    gains = []  # over the questions both runs answered (a set may be part grown)
+    for d in datasets:
+        runs = [run_dir.get((d, label)) for label in (TUNED, UNTUNED)]
+        if all(runs) and all((oracle.get((d, label)) is not None) for label in (TUNED, UNTUNED)):
+            import pyarrow.parquet as pq
+            ids = [{i for f in (REPO / r).glob("results-*.parquet") for i in pq.read_table(f, columns=["id"])
+                    .column("id").to_pylist()} for r in runs]
+            both = ids[0] & ids[1]
+            gains.append(oracle_rate(REPO / runs[0], Path(queries[d]), both)
+                         - oracle_rate(REPO / runs[1], Path(queries[d]), both))
+    oracle_gain = f"{statistics.mean(gains):.2f}" if gains else "none"
+    claim = (f"tuned_minus_untuned={paired_mean(TUNED, UNTUNED)} "
+             f"tuned_minus_standard={paired_mean(TUNED, STANDARD_LARGE)} "
+             f"oracle_draft_gain={oracle_gain}")
     synthesis = REPO / SYNTHESIS / "synthesis.json"
     data = json.loads(synthesis.read_text()) if synthesis.exists() else {}
     lines = ["## Data", "", synthesis_line(data), ""]
