@@ -95,8 +95,8 @@ def warn_other_drafter_weights(folder: Path) -> list[str]:
     return other
 
 
-def oracle_rate(run: Path, queries: Path, only: set[str] | None = None) -> float | None:
-    """Share of questions (%) for which some draft's answer is right (of ``only`` those ids, when given)."""
+def oracle_hits(run: Path, queries: Path) -> dict[str, bool]:
+    """Per question id: whether some draft's answer is right."""
     import pyarrow.parquet as pq
     from specrag.evaluation.metrics import contains
     from specrag.transforms.parquet_io import expand_inputs
@@ -111,8 +111,13 @@ def oracle_rate(run: Path, queries: Path, only: set[str] | None = None) -> float
             else:
                 right = any(contains(a, q["answers"]) for a in answers)
             hits[r["id"]] = right
-    hits = {i: h for i, h in hits.items() if only is None or i in only}
-    return round(100 * sum(hits.values()) / len(hits), 1) if hits else None
+    return hits
+
+
+def rate(hits: dict[str, bool], only=None) -> float | None:
+    """Share (%) of right questions, of ``only`` those ids when given."""
+    kept = [h for i, h in hits.items() if only is None or i in only]
+    return round(100 * sum(kept) / len(kept), 1) if kept else None
 
 
 def synthesis_line(data: dict) -> str:
@@ -146,44 +151,28 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
             row[d] = (f"{r[r['headline_metric']]:.1f} · {r['mean_latency_s']:.1f} s{' †' if older else ''}{short}"
                       if r and r.get("n") else "—")
             if label in (UNTUNED, TUNED, ALONE) and r and r.get("n") and run_dir.get((d, label)):
-                oracle[(d, label)] = oracle_rate(REPO / run_dir[(d, label)], Path(queries[d]))
+                oracle[(d, label)] = oracle_hits(REPO / run_dir[(d, label)], Path(queries[d]))
         table.append(row)
-    oracle_rows = [{"method": label, **{d: oracle.get((d, label), "—") for d in datasets}}
+    oracle_rows = [{"method": label, **{d: rate(oracle[(d, label)]) if (d, label) in oracle else "—" for d in datasets}}
                    for label in (UNTUNED, TUNED)]
-    paired = []  # the report's paired differences over the questions both runs answered
-    for method, baseline in ((TUNED, UNTUNED), (TUNED, STANDARD_LARGE), (TUNED, STANDARD_SMALL), (ALONE, TUNED)):
-        cells = {}
-        for d in datasets:
-            x = next((c for c in report["baselines"].get(d, []) if c["method"] == method and c["baseline"] == baseline),
-                     None)
-            cells[d] = f"{x['difference']:+.1f} [{x['ci95'][0]:+.1f}, {x['ci95'][1]:+.1f}] (n={x['n']})" if x else "—"
-        paired.append({"method": method, "baseline": baseline, **cells})
+    # every comparison over the questions both runs answered (a set may be part grown): the report's pairs
+    pair = lambda d, a, b: next((x for x in report["baselines"].get(d, [])  # noqa: E731
+                                 if x["method"] == a and x["baseline"] == b), None)
+    paired = [{"method": a, "baseline": b, **{d: (lambda x: f"{x['difference']:+.1f} [{x['ci95'][0]:+.1f}, "
+                                                   f"{x['ci95'][1]:+.1f}] (n={x['n']})" if x else "—")(pair(d, a, b))
+                                               for d in datasets}}
+              for a, b in ((TUNED, UNTUNED), (TUNED, STANDARD_LARGE), (TUNED, STANDARD_SMALL), (ALONE, TUNED))]
 
-    def mean_diff(a: str, b: str, values) -> str:
-        xs = [values(d, a) - values(d, b) for d in datasets if values(d, a) is not None and values(d, b) is not None]
+    def paired_mean(a: str, b: str) -> str:
+        xs = [x["difference"] for d in datasets if (x := pair(d, a, b))]
         return f"{statistics.mean(xs):.2f}" if xs else "none"
 
-    headline = lambda d, label: (lambda r: r[r["headline_metric"]] if r and r.get("n") else None)(  # noqa: E731
-        rows.get(d, {}).get(label))
-    def paired_mean(a: str, b: str) -> str:  # over the questions both runs answered (a set may be part grown)
-        xs = [x["difference"] for d in datasets for x in report["baselines"].get(d, [])
-              if x["method"] == a and x["baseline"] == b]
-        return f"{statistics.mean(xs):.2f}" if xs else mean_diff(a, b, headline)
-
-    gains = []  # over the questions both runs answered (a set may be part grown)
-    for d in datasets:
-        runs = [run_dir.get((d, label)) for label in (TUNED, UNTUNED)]
-        if all(runs) and all((oracle.get((d, label)) is not None) for label in (TUNED, UNTUNED)):
-            import pyarrow.parquet as pq
-            ids = [{i for f in (REPO / r).glob("results-*.parquet") for i in pq.read_table(f, columns=["id"])
-                    .column("id").to_pylist()} for r in runs]
-            both = ids[0] & ids[1]
-            gains.append(oracle_rate(REPO / runs[0], Path(queries[d]), both)
-                         - oracle_rate(REPO / runs[1], Path(queries[d]), both))
-    oracle_gain = f"{statistics.mean(gains):.2f}" if gains else "none"
+    gains = [rate(oracle[(d, TUNED)], both) - rate(oracle[(d, UNTUNED)], both) for d in datasets
+             if (d, TUNED) in oracle and (d, UNTUNED) in oracle
+             and (both := oracle[(d, TUNED)].keys() & oracle[(d, UNTUNED)].keys())]
     claim = (f"tuned_minus_untuned={paired_mean(TUNED, UNTUNED)} "
              f"tuned_minus_standard={paired_mean(TUNED, STANDARD_LARGE)} "
-             f"oracle_draft_gain={oracle_gain}")
+             f"oracle_draft_gain={f'{statistics.mean(gains):.2f}' if gains else 'none'}")
     synthesis = REPO / SYNTHESIS / "synthesis.json"
     data = json.loads(synthesis.read_text()) if synthesis.exists() else {}
     lines = ["## Data", "", synthesis_line(data), ""]
