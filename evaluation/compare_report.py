@@ -28,7 +28,7 @@ TRACE_CHARS = 4000  # of an example's trace JSON
 
 
 def _read_runs(pattern: str) -> list[dict]:
-    from specrag.transforms.files import match_files, read_parquet
+    from specrag.jobio.files import match_files, read_parquet
     rows = []
     for f in match_files(pattern):
         table = read_parquet(f)
@@ -44,7 +44,7 @@ def _nearest_rank(sorted_values: Sequence[float], q: float) -> float:
 
 def summarise_run(record, gold: dict[str, dict], headline: dict[str, str]) -> dict:
     """One run's quality and cost over its answered questions, with the per-query scores."""
-    from specrag.transforms.files import join
+    from specrag.jobio.files import join
     results = _read_runs(join(record.output, "results-*.parquet"))
     dead = _read_runs(join(record.output, "dead_letters-*.parquet"))
     per_query: dict[str, dict] = {}
@@ -115,8 +115,8 @@ def throughput_cell(row: dict) -> str:
 
 
 def _gold(queries: str) -> dict[str, dict]:
-    from specrag.transforms.files import read_parquet
-    from specrag.transforms.parquet_io import expand_inputs
+    from specrag.jobio.files import read_parquet
+    from specrag.jobio.inputs import expand_inputs
     gold = {}
     for f in expand_inputs(queries):
         for q in read_parquet(f).to_pylist():
@@ -130,7 +130,7 @@ def _passages(index: str | None, ids: set[str]) -> dict[str, dict]:
         return {}
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    from specrag.transforms.files import exists, join
+    from specrag.jobio.files import exists, join
     path = join(index, "passages.parquet")
     if not exists(path):
         return {}

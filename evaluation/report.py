@@ -8,7 +8,7 @@ from pathlib import Path
 from specrag.evaluation.metrics import RECALL_AT, TASK_METRICS, recall_at, score_row
 from specrag.evaluation.trajectory import METRICS as TRAJECTORY_METRICS
 from specrag.evaluation.trajectory import trace_steps, trajectory_metrics
-from specrag.transforms.files import exists, join, match_files, read_parquet, write_text
+from specrag.jobio.files import exists, join, match_files, read_parquet, write_text
 
 
 RESULT_COLUMNS = ["id", "method", "answer", "raw_output", "choice", "timings", "retrieved"]

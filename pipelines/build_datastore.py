@@ -27,8 +27,10 @@ from specrag.retrieval.base import passage_text
 from specrag.retrieval.datastore import KINDS, write_datastore
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_passage
-from specrag.transforms import files
-from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.jobio import files
+from specrag.jobio.run_folder import DATASTORE, RunFolder
+from specrag.transforms.parquet_io import ReadParquetRows
+from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
 from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
 from specrag.transforms.runtime import load_backend
 from specrag.transforms.validate import ValidateRows
@@ -115,10 +117,22 @@ class DatastoreFinish:
 
 def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m-instruct", max_tokens: int = 128,
                         max_entries: int | None = None, kinds: tuple[str, ...] = KINDS, num_threads: int = 1,
-                        dtype: str = "float32", beam_args: tuple[str, ...] = ("--runner=FnApiRunner",)) -> dict:
+                        dtype: str = "float32", beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
+                        overwrite: bool = False, max_failure_fraction: float = 1.0) -> dict:
+    """Build KNN-LM's datastore in ``out_dir``; returns the job manifest. An existing datastore is
+    replaced only with ``overwrite`` (and comes back if the rebuild fails); raises RunFailed, the
+    datastore written, when more passages than ``max_failure_fraction`` ended as dead letters."""
+    folder = RunFolder(str(out_dir), DATASTORE)
+    with folder.writing(overwrite=overwrite):
+        manifest = _build_datastore(corpus, str(out_dir), model=model, max_tokens=max_tokens, max_entries=max_entries,
+                                    kinds=kinds, num_threads=num_threads, dtype=dtype, beam_args=beam_args)
+        folder.judge(folder.account(manifest["datastore"]["passages"]), max_failure_fraction)
+    return manifest
+
+
+def _build_datastore(corpus: str, out: str, *, model: str, max_tokens: int, max_entries: int | None,
+                     kinds: tuple[str, ...], num_threads: int, dtype: str, beam_args: tuple[str, ...]) -> dict:
     inputs = expand_inputs(corpus)
-    out = str(out_dir)
-    files.mkdirs(out)
     # earlier entries (also a killed run's beam-temp folders) and dead letters
     files.remove_tree(files.join(out, "entries"))
     files.delete(files.match_files(files.join(out, "dead_letters*")))

@@ -31,9 +31,11 @@ from specrag.retrieval.base import passage_text
 from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGES
 from specrag.schemas.validation import validate_passage
-from specrag.transforms import files
+from specrag.jobio import files
+from specrag.jobio.run_folder import INDEX, RunFolder
 from specrag.transforms.model_handler import BackendModelHandler
-from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.transforms.parquet_io import ReadParquetRows
+from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
 from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
 from specrag.transforms.validate import MARK_FIELD, ReadIds, ValidateRows
 
@@ -99,7 +101,30 @@ class IndexFinish:
 def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str = "all-minilm-l6-v2",
                     num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
                     dense_params: dict[str, dict] | None = None, backend: str = "local",
-                    triton: TritonConfig | None = None, embeddings: str | None = None) -> dict:
+                    triton: TritonConfig | None = None, embeddings: str | None = None, overwrite: bool = False,
+                    max_failure_fraction: float = 1.0) -> dict:
+    """Build the index folder ``index_dir`` from the corpus; returns the build manifest.
+
+    An existing index is replaced only with ``overwrite`` (and comes back if the rebuild fails);
+    raises RunFailed, the index written, when more passages than ``max_failure_fraction`` ended
+    as dead letters.
+
+    Example usage::
+
+        run_build_index("corpus.parquet", "index/", ["bm25", "dense"])
+    """
+    folder = RunFolder(str(index_dir), INDEX)
+    with folder.writing(overwrite=overwrite):
+        manifest = _build_index(corpus, str(index_dir), kinds, embedder=embedder, num_threads=num_threads,
+                                beam_args=beam_args, dense_params=dense_params, backend=backend, triton=triton,
+                                embeddings=embeddings)
+        folder.judge(folder.account(manifest["index"]["passages"]), max_failure_fraction)
+    return manifest
+
+
+def _build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str, num_threads: int,
+                 beam_args: tuple[str, ...], dense_params: dict[str, dict] | None, backend: str,
+                 triton: TritonConfig | None, embeddings: str | None) -> dict:
     bad = set(kinds) - set(KINDS)
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")

@@ -19,56 +19,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights come from installed packages only
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-
-def unknown_beam_flags(args: list[str]) -> list[str]:
-    """Flags no Beam PipelineOptions class defines (Beam itself would drop them silently)."""
-    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    seen: dict[str, type] = {}
-    for cls in PipelineOptions.__subclasses__():
-        seen.setdefault(str(cls), cls)
-    for cls in seen.values():
-        cls._add_argparse_args(parser)  # noqa: SLF001 (how Beam itself collects its options)
-    _, unknown = parser.parse_known_args(list(args))
-    return [a for a in unknown if a.startswith("-")]
-
-
-def _with_suggestions(flags: list[str]) -> str:
-    """``--retreiver`` → ``--retreiver (did you mean --retriever?)``, from the flags specrag defines."""
-    import difflib
-    from specrag.pipelines.options import JOB_OPTIONS
-    known = sorted({o for classes in JOB_OPTIONS.values() for cls in classes
-                    for o in _option_strings(cls) if o.startswith("--") and "_" not in o})  # dashed spellings
-    out = []
-    for flag in flags:
-        name = flag.split("=", 1)[0]
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        out.append(f"{name} (did you mean {close[0]}?)" if close else name)
-    return ", ".join(out)
-
-
-def _option_strings(cls) -> list[str]:
-    parser = argparse.ArgumentParser(add_help=False)
-    cls._add_argparse_args(parser)  # noqa: SLF001
-    return [o for action in parser._actions for o in action.option_strings]  # noqa: SLF001
-
-
-def _beam_args(flags: list[str]) -> tuple[str, ...]:
-    """A job's flags (specrag's and Beam's), checked, with the default runner."""
-    unknown = unknown_beam_flags(flags)
-    if unknown:
-        raise ValueError(f"unknown option(s) {_with_suggestions(unknown)}: neither specrag nor Beam defines them "
-                         "(see `specrag COMMAND --help`; Beam options are listed in its PipelineOptions)")
-    if not any(a.startswith("--runner") for a in flags):
-        flags = ["--runner=FnApiRunner", *flags]
-    from specrag.pipelines.options import worker_visible_paths
-    return tuple(worker_visible_paths(flags))
-
-
-def _job_options(flags: list[str]):
-    from apache_beam.options.pipeline_options import PipelineOptions
-    beam_args = _beam_args(flags)
-    return PipelineOptions(list(beam_args)), beam_args
+from specrag.pipelines.options import (beam_args_from_flags, job_options, unknown_beam_flags,  # noqa: E402
+                                       with_suggestions)
 
 
 def cmd_import_data(args, extra) -> int:
@@ -79,37 +31,13 @@ def cmd_import_data(args, extra) -> int:
     return 0
 
 
-def _refuse_existing(folder: str, what: str, flag: str, options) -> None:
-    """A folder that already holds a built index or datastore is replaced only with --overwrite."""
-    from specrag.pipelines.options import ReplaceOptions
-    from specrag.transforms.files import exists, join
-    if exists(join(folder, "manifest.json")) and not options.view_as(ReplaceOptions).overwrite:
-        raise ValueError(f"{folder} already holds {what}: pass --overwrite to rebuild it, or choose another {flag}")
-
-
-def _failed_rows(folder: str, kept: int, options, command: str) -> int:
-    """1 (after saying why) when the job's dead letters are a larger share of its input than
-    --max-failure-fraction allows, else 0; the built index or datastore stays in place."""
-    from specrag.pipelines.options import ReplaceOptions
-    from specrag.transforms.files import join, match_files, open_parquet
-    limit = options.view_as(ReplaceOptions).max_failure_fraction
-    dead = sum(open_parquet(f).metadata.num_rows for f in match_files(join(folder, "dead_letters*.parquet")))
-    if dead and dead / (kept + dead) > limit:
-        print(f"specrag {command}: failed: {dead} of {kept + dead} passages ended as dead letters "
-              f"({dead / (kept + dead):.0%} > --max-failure-fraction {limit}); they and the output are in {folder}",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
 def cmd_build_index(args, flags) -> int:
     from specrag.pipelines.build_index import run_build_index
     from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions
-    options, beam_args = _job_options(flags)
+    options, beam_args = job_options(flags)
     options.view_as(BuildIndexOptions).validate()
     options.view_as(ReplaceOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
-    _refuse_existing(runtime.index, "an index", "--index", options)
     kinds = (corpus.kinds or "bm25").split(",")
     embedder = runtime.models_by_role({"embedder": "all-minilm-l6-v2"}, ("embedder",), "build-index")["embedder"]
     shards = options.view_as(BuildIndexOptions).dense_shards
@@ -117,76 +45,51 @@ def cmd_build_index(args, flags) -> int:
     config = runtime.runtime_config()
     manifest = run_build_index(corpus.corpus, runtime.index, kinds, embedder=embedder, num_threads=runtime.threads,
                                beam_args=beam_args, dense_params=dense_params, backend=runtime.backend,
-                               triton=config.triton, embeddings=options.view_as(BuildIndexOptions).embeddings)
+                               triton=config.triton, embeddings=options.view_as(BuildIndexOptions).embeddings,
+                               **_replace(options))
     print(json.dumps(manifest["index"], indent=2))
-    return _failed_rows(runtime.index, manifest["index"]["passages"], options, "build-index")
+    return 0
+
+
+def _replace(options) -> dict:
+    """--overwrite and --max-failure-fraction, as the build jobs take them."""
+    from specrag.pipelines.options import ReplaceOptions
+    r = options.view_as(ReplaceOptions)
+    return {"overwrite": r.overwrite, "max_failure_fraction": r.max_failure_fraction}
 
 
 def cmd_build_datastore(args, flags) -> int:
     from specrag.inference.processor import resolve_dtype
     from specrag.pipelines.build_datastore import run_build_datastore
     from specrag.pipelines.options import BuildDatastoreOptions, CorpusOptions, ReplaceOptions, RuntimeOptions
-    options, beam_args = _job_options(flags)
+    options, beam_args = job_options(flags)
     job = options.view_as(BuildDatastoreOptions)
     job.validate()
     options.view_as(ReplaceOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
     if runtime.backend != "local":
         raise ValueError("build-datastore reads hidden states of the model: it runs on the local backend")
-    _refuse_existing(runtime.datastore, "a datastore", "--datastore", options)
     model = runtime.models_by_role({"generator": "smollm2-135m-instruct"}, ("generator",),
                                    "build-datastore")["generator"]
     manifest = run_build_datastore(corpus.corpus, runtime.datastore, model=model, max_tokens=job.max_tokens,
                                    max_entries=job.max_entries, kinds=tuple((corpus.kinds or "flat,hnsw").split(",")),
-                                   num_threads=runtime.threads, dtype=resolve_dtype(runtime.dtype), beam_args=beam_args)
+                                   num_threads=runtime.threads, dtype=resolve_dtype(runtime.dtype), beam_args=beam_args,
+                                   **_replace(options))
     print(json.dumps(manifest["datastore"], indent=2))
-    return _failed_rows(runtime.datastore, manifest["datastore"]["passages"], options, "build-datastore")
-
-
-def answer_job_from_flags(flags: list[str], command: str = "answer", method_name: str | None = None):
-    """The answer job its flags describe, checked (label-utility: with the aed-label method)."""
-    from specrag.methods import create_method
-    from specrag.methods.base import parse_settings
-    from specrag.pipelines.answer import AnswerJob
-    from apache_beam.options.pipeline_options import StandardOptions
-    from specrag.pipelines.options import AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions, StreamOptions
-    from specrag.pipelines.streaming import check_streaming_input
-    options, beam_args = _job_options(flags)
-    a, o, r = options.view_as(AnswerOptions), options.view_as(OutputOptions), options.view_as(ReplaceOptions)
-    a.validate()
-    r.validate()
-    streaming = bool(options.view_as(StandardOptions).streaming)
-    stream = options.view_as(StreamOptions).settings() if streaming else None
-    check_streaming_input(a.queries, streaming, options.view_as(StandardOptions).runner or "", stream)
-    name = method_name or a.method
-    if method_name and a.method not in ("standard", method_name):  # standard: the flag's default
-        raise ValueError(f"{command} runs method {method_name!r}; drop --method {a.method}")
-    method = create_method(name, **parse_settings(name, a.set or []))
-    runtime = options.view_as(RuntimeOptions).runtime_config(method)
-    return AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
-                     num_shards=a.shards, beam_args=beam_args, resume=o.resume, grow_from=o.grow_from,
-                     overwrite=r.overwrite, execution=a.execution,
-                     max_failure_fraction=r.max_failure_fraction, gather_timeout_s=a.gather_timeout,
-                     shard_rows=a.shard_rows, bad_files=o.bad_files, stream=stream)
+    return 0
 
 
 def _run_answer_flags(flags, command: str, method_name: str | None = None):
-    """Run the answer job of these flags; returns (manifest or None when the run failed its
-    threshold, output folder)."""
-    from specrag.pipelines.answer import RunFailed, run_answer
+    """Run the answer job of these flags; returns (manifest, output folder). A run over its
+    failure threshold raises RunFailed, which ``main`` turns into exit status 1."""
+    from specrag.pipelines.answer import answer_job_from_flags, run_answer
     job = answer_job_from_flags(flags, command, method_name)
-    try:
-        return run_answer(job), job.output
-    except RunFailed as e:
-        print(f"specrag {command}: failed: {e}", file=sys.stderr)
-        return None, job.output
+    return run_answer(job), job.output
 
 
 def cmd_answer(args, flags) -> int:
     manifest, out = _run_answer_flags(flags, "answer")
-    if manifest is None:
-        return 1
-    from specrag.pipelines.answer import reconciliation_line
+    from specrag.jobio.run_folder import reconciliation_line
     print(f"wrote {out} ({manifest['wall_s']} s); manifest: {out.rstrip('/')}/manifest.json")
     if manifest.get("mode") == "streaming":
         account = manifest["account"]
@@ -200,8 +103,6 @@ def cmd_answer(args, flags) -> int:
 def cmd_label_utility(args, flags) -> int:
     from specrag.pipelines.utility import write_labels
     manifest, out = _run_answer_flags(flags, "label-utility", method_name="aed-label")
-    if manifest is None:
-        return 1
     summary = write_labels(out)
     print(f"{summary['questions']} questions, {summary['units']} labelled units in {manifest['wall_s']} s; "
           f"wrote {summary['labels']}")
@@ -209,14 +110,10 @@ def cmd_label_utility(args, flags) -> int:
 
 
 def cmd_synthesize_rationales(args, flags) -> int:
-    from specrag.pipelines.answer import RunFailed, run_answer
+    from specrag.pipelines.answer import answer_job_from_flags, run_answer
     from specrag.pipelines.drafter import write_rationales
     job = answer_job_from_flags(flags, "synthesize-rationales", "rationale-synthesis")
-    try:
-        manifest = run_answer(job)
-    except RunFailed as e:
-        print(f"specrag synthesize-rationales: failed: {e}", file=sys.stderr)
-        return 1
+    manifest = run_answer(job)
     summary = write_rationales(job.output, job.queries, job.runtime.index_dir)
     print(f"{summary['questions']} questions: {summary['kept']} rationales kept, {summary['filtered']} filtered "
           f"({', '.join(f'{k} {v}' for k, v in summary['by_reason'].items() if k != 'kept') or 'none'}) in "
@@ -303,11 +200,11 @@ def cmd_train_denoiser(args, extra) -> int:
 
 
 def cmd_extract_triplets(args, flags) -> int:
-    from specrag.pipelines.extract_triplets import ExtractionFailed, ExtractJob, run_extract_triplets
+    from specrag.pipelines.extract_triplets import ExtractJob, run_extract_triplets
     from specrag.pipelines.options import (CorpusOptions, ExtractTripletsOptions, OutputOptions, ReplaceOptions,
                                            RuntimeOptions)
     from specrag.transforms.triplets import ExtractorConfig
-    options, beam_args = _job_options(flags)
+    options, beam_args = job_options(flags)
     x, o, r = options.view_as(ExtractTripletsOptions), options.view_as(OutputOptions), options.view_as(ReplaceOptions)
     x.validate()
     r.validate()
@@ -322,11 +219,7 @@ def cmd_extract_triplets(args, flags) -> int:
     job = ExtractJob(options.view_as(CorpusOptions).corpus, o.output, config, beam_args=beam_args,
                      batch_size=x.extract_batch, shard_passages=x.shard_passages, resume=o.resume,
                      overwrite=r.overwrite, bad_files=o.bad_files, max_failure_fraction=r.max_failure_fraction)
-    try:
-        manifest = run_extract_triplets(job)
-    except ExtractionFailed as e:
-        print(f"specrag extract-triplets: failed: {e}", file=sys.stderr)
-        return 1
+    manifest = run_extract_triplets(job)
     print(f"{manifest['passages']} passages, {manifest['triplets']} triplets, {manifest['dead_letters']} dead letters "
           f"in {manifest['wall_s']} s ({manifest['passages_per_s']} passages/s); wrote {o.output}")
     return 0
@@ -334,7 +227,7 @@ def cmd_extract_triplets(args, flags) -> int:
 
 def cmd_evaluate(args, extra) -> int:
     from specrag.evaluation.report import evaluate_run, format_table, save_report
-    from specrag.transforms.files import join
+    from specrag.jobio.files import join
     rows = []
     for run in args.runs:
         report = evaluate_run(run, args.queries)
@@ -372,7 +265,7 @@ def cmd_compare(args, extra) -> int:
 
 def cmd_demo(args, extra) -> int:
     from specrag.pipelines.demo import run_demo
-    return run_demo(Path(args.workdir), threads=args.threads, beam_args=_beam_args(extra))
+    return run_demo(Path(args.workdir), threads=args.threads, beam_args=beam_args_from_flags(extra))
 
 
 def _add_job_options(p: argparse.ArgumentParser, command: str) -> None:
@@ -564,7 +457,7 @@ def _filesystem_options(flags: list[str], paths: list[str]) -> None:
     The S3 buckets among the command's paths are checked once, fast."""
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
-    from specrag.transforms.files import check_buckets
+    from specrag.jobio.files import check_buckets
     options = PipelineOptions(list(flags))
     FileSystems.set_options(options)
     check_buckets(paths, options)
@@ -579,15 +472,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in extra if not a.startswith("--")]
     if unknown:  # `--retreiver dense`: the stray value belongs to a flag nobody defines; name the flag
         flags = unknown_beam_flags([a for a in extra if a.startswith("--")])
-        parser().error(f"unknown option(s) {_with_suggestions(flags)}" if flags
+        parser().error(f"unknown option(s) {with_suggestions(flags)}" if flags
                        else f"unexpected arguments: {unknown}")
     # a Beam job gets all its flags (specrag's and Beam's): they travel with its pipeline options
     flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
                                                                cmd_extract_triplets, cmd_label_utility,
                                                                cmd_synthesize_rationales) else extra
+    from specrag.jobio.run_folder import RunFailed
     try:
         _filesystem_options(flags, [a.split("=", 1)[-1] for a in argv])
         return args.fn(args, flags)
+    except RunFailed as e:  # everything was written; too many inputs failed (or some were lost)
+        print(f"specrag {args.command}: failed: {e}", file=sys.stderr)
+        return 1
     except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"specrag {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -48,8 +48,8 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
     import pyarrow as pa
     from specrag.pipelines.build_index import run_build_index
     from specrag.pipelines.demo import write_demo_tables
-    from specrag.transforms.files import read_parquet
-    from specrag.transforms.parquet_io import expand_inputs
+    from specrag.jobio.files import read_parquet
+    from specrag.jobio.inputs import expand_inputs
     here = workdir / "data" / slug(dataset.name)
     queries, corpus = dataset.queries, dataset.corpus
     if "demo" in (queries, corpus):
@@ -92,7 +92,7 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
 def _finished(output: str, fingerprint: str, contents: list[dict]) -> dict | None:
     """The manifest of a finished run with this identity over these inputs, or None (a suite whose
     ``limit`` grew finds its earlier, smaller run: that one is grown, not reported as this)."""
-    from specrag.transforms.files import exists, join, read_text
+    from specrag.jobio.files import exists, join, read_text
     path = join(output, "manifest.json")
     if not exists(path):
         return None
@@ -103,7 +103,7 @@ def _finished(output: str, fingerprint: str, contents: list[dict]) -> dict | Non
 def answered(manifest: dict) -> list[dict]:
     """The inputs a finished run answered, as its manifest records them (inputs.json is written when
     an attempt starts: a grown attempt that was stopped names inputs the run has not answered)."""
-    from specrag.pipelines.answer import input_contents
+    from specrag.jobio.run_folder import input_contents
     return _plain(input_contents(manifest.get("inputs") or {}))
 
 
@@ -114,7 +114,7 @@ def _plain(contents: list[dict]) -> list[dict]:
 def reusable_elsewhere(reuse_from: list[str], fingerprint: str, contents: list[dict]) -> str | None:
     """A finished run in another suite's runs folder (ROOT/DATASET/METHOD) with this run identity
     and these input contents, whatever its labels: the same job need not run twice."""
-    from specrag.transforms.files import join, match_files, read_text
+    from specrag.jobio.files import join, match_files, read_text
     for root in reuse_from:
         for manifest_path in sorted(match_files(join(root, "*", "*", "manifest.json"))):
             manifest = json.loads(read_text(manifest_path))
@@ -128,7 +128,7 @@ def earlier_prefix(dataset: SuiteDataset, workdir: Path, output: str, contents: 
     (the run was made with a smaller ``limit``): the same questions taken with that limit, whose
     contents match what the run recorded. None when the run answered these inputs or others."""
     from specrag.pipelines.answer import input_contents, recorded_inputs
-    from specrag.transforms.parquet_io import dataset_fingerprint
+    from specrag.jobio.inputs import dataset_fingerprint
     recorded = recorded_inputs(output)
     if not recorded or recorded == _plain(contents):
         return None
@@ -143,10 +143,10 @@ def earlier_prefix(dataset: SuiteDataset, workdir: Path, output: str, contents: 
 def copy_run(source: str, out: str) -> dict:
     """A finished run's files copied into this suite's folder (it stays self-contained and
     versionable on its own); returns the manifest."""
-    from specrag.pipelines.answer import run_files
-    from specrag.transforms.files import join, mkdirs, read_bytes, read_text, write_bytes
+    from specrag.jobio.files import join, mkdirs, read_bytes, read_text, write_bytes
+    from specrag.jobio.run_folder import ANSWER, RunFolder
     mkdirs(out)
-    for f in run_files(source):  # results, dead letters, identity and inputs first: the manifest last
+    for f in RunFolder(source, ANSWER).run_files():  # results, dead letters, identity and inputs first: the manifest last
         if not f.endswith("/manifest.json"):
             write_bytes(join(out, f.rsplit("/", 1)[-1]), read_bytes(f))
     manifest = read_text(join(source, "manifest.json"))
@@ -156,8 +156,8 @@ def copy_run(source: str, out: str) -> dict:
 
 def task_types_of(queries: str) -> set[str]:
     """The task types among a dataset's questions (a missing one is short-form, as validation reads it)."""
-    from specrag.transforms.files import read_parquet
-    from specrag.transforms.parquet_io import expand_inputs
+    from specrag.jobio.files import read_parquet
+    from specrag.jobio.inputs import expand_inputs
     types = set()
     for f in expand_inputs(queries):
         table = read_parquet(f)
@@ -177,11 +177,10 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
     ``reuse_from``: other suites' runs folders; a finished run there with the same identity and
     input contents is copied instead of run again."""
     from specrag.methods.base import method_class
-    from specrag.pipelines.answer import (IDENTITY_FILE, RunFailed, input_contents, run_answer, run_fingerprint,
-                                          run_identity)
-    from specrag.pipelines.cli import answer_job_from_flags
-    from specrag.transforms.files import exists, join, match_files, read_text
-    from specrag.transforms.parquet_io import dataset_fingerprint, expand_inputs
+    from specrag.jobio.run_folder import ANSWER, RunFailed, RunFolder, input_contents
+    from specrag.pipelines.answer import answer_job_from_flags, run_answer, run_fingerprint, run_identity
+    from specrag.jobio.files import exists, join, match_files, read_text
+    from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
     records = []
     total = len(suite.datasets) * len(suite.methods)
     for dataset in suite.datasets:
@@ -227,7 +226,7 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
                     rec.status, rec.manifest = "reused", done
                     print(f"{step}: reused ({out})", flush=True)
                     continue
-                resume = bool(match_files(join(out, "results-*.parquet"))) or exists(join(out, IDENTITY_FILE))
+                resume = RunFolder(out, ANSWER).has_run()
                 source = None if resume else reusable_elsewhere(list(reuse_from), fingerprint, contents)
                 if source is not None:
                     rec.status, rec.manifest = "reused", copy_run(source, out)

@@ -179,8 +179,8 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     from specrag.evaluation.splits import load_split, split_fingerprint
     from specrag.inference.denoiser_training import train_denoiser
     from specrag.retrieval.index import open_retriever
-    from specrag.transforms.files import read_parquet
-    from specrag.transforms.parquet_io import dataset_fingerprint, expand_inputs
+    from specrag.jobio.files import read_parquet
+    from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
     from specrag.retrieval.base import passage_text
     allowed = set(load_split(split))
     files = expand_inputs(queries)

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from specrag.transforms.files import exists, join, match_files, read_parquet, read_text, write_parquet, write_text
+from specrag.jobio.files import exists, join, match_files, read_parquet, read_text, write_parquet, write_text
 
 RATIONALES = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -39,7 +39,7 @@ SUMMARY_FILE = "synthesis.json"
 def write_rationales(run_dir: str, queries: str, index: str) -> dict:
     """The synthesis run's results, joined with their questions (``queries``) and the subsets'
     passages (the ``index``'s store) → ``rationales.parquet`` (kept rows, by id) and the summary."""
-    from specrag.transforms.parquet_io import expand_inputs
+    from specrag.jobio.inputs import expand_inputs
     seen, kept, reasons, by_dataset = set(), [], Counter(), Counter()
     rows = [r for f in sorted(match_files(join(run_dir, "results-*.parquet")))
             for r in read_parquet(f, columns=["id", "dataset", "trace"]).to_pylist()]
@@ -110,7 +110,7 @@ def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overw
     from specrag.inference.drafter_training import cached_report, content_key, train_drafter
     from specrag.inference.models import model_identity
     from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows, training_tables
-    from specrag.transforms.parquet_io import dataset_fingerprint
+    from specrag.jobio.inputs import dataset_fingerprint
     files = training_tables(rationales, RATIONALES_FILE, "synthesize-rationales")
     rows = sorted((r for f in files for r in read_parquet(f).to_pylist()), key=lambda r: str(r.get("id")))
     evaluation = evaluation_ids()

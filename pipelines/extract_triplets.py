@@ -16,22 +16,19 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.ml.inference.base import RunInference
 
-from specrag.pipelines.manifest import identity_differences, job_counters, write_manifest
+from specrag.jobio.run_folder import EXTRACT_TRIPLETS, IDENTITY_FILE, RunFailed, RunFolder
+from specrag.pipelines.manifest import job_counters, write_manifest
 from specrag.pipelines.options import new_pipeline
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_passage
-from specrag.transforms.files import (delete, exists, join, match_files, mkdirs, read_parquet, read_text, replacing,
-                                      write_text)
-from specrag.transforms.lease import Lease
-from specrag.transforms.parquet_io import ReadParquetRows, dataset_fingerprint, expand_inputs
+from specrag.jobio.files import delete, join, match_files, read_parquet, write_text
+from specrag.transforms.parquet_io import ReadParquetRows
+from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
 from specrag.transforms.triplets import (NAMESPACE, ExtractorConfig, TripletModelHandler, WriteTripletShards,
                                          split_outcomes, to_passage)
 from specrag.transforms.validate import ReadIds, ValidateRows
-
-IDENTITY_FILE = "identity.json"
-
 
 @dataclass
 class ExtractJob:
@@ -56,8 +53,7 @@ class ExtractJob:
             raise ValueError("--max-failure-fraction must be within [0, 1]")
 
 
-class ExtractionFailed(RuntimeError):
-    """More passages failed than --max-failure-fraction allows (everything is written)."""
+ExtractionFailed = RunFailed  # more passages failed than --max-failure-fraction allows (everything is written)
 
 
 def committed_shards(folder: str) -> list[str]:
@@ -66,44 +62,14 @@ def committed_shards(folder: str) -> list[str]:
                   for f in match_files(join(folder, "extracted-*.parquet")))
 
 
-def _check_output(job: ExtractJob, identity: dict) -> None:
-    """Refuse to mix or lose runs: an earlier run's files are kept without --resume/--overwrite,
-    and resumed only with the same identity."""
-    out = job.output
-    earlier = match_files(join(out, "extracted-*.parquet"))
-    if not (job.resume or job.overwrite):
-        held = [name for name, files in (("extracted triplets", earlier),
-                                         ("dead letters", match_files(join(out, "dead_letters-*.parquet"))),
-                                         ("a manifest", match_files(join(out, "manifest.json")))) if files]
-        if held:
-            raise ValueError(f"{out} already holds an earlier run ({', '.join(held)}): pass --resume to complete "
-                             "that run, --overwrite to replace it, or choose another --output")
-    if job.resume and exists(join(out, IDENTITY_FILE)):
-        diffs = identity_differences(json.loads(read_text(join(out, IDENTITY_FILE))),
-                                     json.loads(json.dumps(identity, default=str)))
-        if diffs:
-            raise ValueError(f"cannot resume {out}: its triplets were made differently ({'; '.join(diffs)}); "
-                             "use the same extractor settings, --overwrite, or a new --output")
-    elif job.resume and earlier:
-        raise ValueError(f"cannot resume {out}: no {IDENTITY_FILE} says how its triplets were made")
-
-
-def _run_files(out: str) -> list[str]:
-    """A run's own files in its folder."""
-    return [f for pattern in ("extracted-*.parquet", "triplets-*.parquet", "dead_letters-*.parquet", "manifest.json",
-                              IDENTITY_FILE) for f in match_files(join(out, pattern))]
-
-
 def _prepare_output(job: ExtractJob, identity: dict) -> list[str]:
     """Clear what this attempt replaces; returns the extracted-* files of earlier attempts (resume)."""
     out = job.output
     committed = set(committed_shards(out)) if job.resume else set()
     stale = [f for f in match_files(join(out, "triplets-*.parquet"))
              if f.rsplit("/", 1)[-1][len("triplets-"):-len(".parquet")] not in committed]
-    stale += match_files(join(out, "dead_letters-*.parquet"))
-    if not job.resume:
-        stale += match_files(join(out, "extracted-*.parquet"))
     delete(stale)
+    RunFolder(out, EXTRACT_TRIPLETS).clear_for_attempt(job.resume)
     write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
     return [join(out, f"extracted-{s}.parquet") for s in sorted(committed)]
 
@@ -143,18 +109,13 @@ def run_extract_triplets(job: ExtractJob) -> dict:
     passages this attempt handled exceeds ``max_failure_fraction``."""
     job.validate()
     identity = {"job": "extract-triplets", **job.extractor.identity()}
-    _check_output(job, identity)
-    mkdirs(job.output)
-    with Lease(job.output):  # one writer per folder, as for answer
-        # --overwrite removes nothing yet: the earlier run is set aside, put back if this one fails
-        with replacing(job.output, lambda: _run_files(job.output), job.overwrite):
-            manifest = _run(job, identity)
-    run = manifest["over_the_run"]  # every attempt's: earlier dead letters were retried by this one
-    failed, handled = run["dead_letters"], run["passages"] + run["dead_letters"]
-    if handled and failed / handled > job.max_failure_fraction:
-        raise ExtractionFailed(f"{failed} of {handled} passages of the run ended as dead letters "
-                               f"({failed / handled:.0%} > --max-failure-fraction {job.max_failure_fraction}); "
-                               f"outputs and manifest are in {job.output}")
+    folder = RunFolder(job.output, EXTRACT_TRIPLETS)
+    if job.resume:
+        folder.check_resumable(identity)
+    with folder.writing(resume=job.resume, overwrite=job.overwrite):  # one writer per folder, as for answer
+        manifest = _run(job, identity)
+        run = manifest["over_the_run"]  # every attempt's: earlier dead letters were retried by this one
+        folder.judge(run["reconciliation"], job.max_failure_fraction)
     return manifest
 
 
@@ -179,9 +140,9 @@ def _run(job: ExtractJob, identity: dict) -> dict:
         failed = sum(read_parquet(f, columns=["id"]).num_rows
                      for f in match_files(join(job.output, "dead_letters-*.parquet")))
     fingerprint = _fingerprint(identity, job.corpus)
+    inputs = dataset_fingerprint(expand_inputs(job.corpus))
     manifest = write_manifest(job.output, {
-        "job": "extract-triplets", "identity": identity, "fingerprint": fingerprint,
-        "inputs": dataset_fingerprint(expand_inputs(job.corpus)),
+        "job": "extract-triplets", "identity": identity, "fingerprint": fingerprint, "inputs": inputs,
         "beam_args": list(job.beam_args), "batch_size": job.batch_size,
         "resumed": {"earlier_shards": len(finished), "skipped_finished": counters.get("skipped_finished", 0)}
         if job.resume else None,
@@ -191,7 +152,8 @@ def _run(job: ExtractJob, identity: dict) -> dict:
         "wall_s": round(wall, 3), "passages_per_s": round(passages / wall, 2) if wall > 0 else None,
         "counters": counters,
         "over_the_run": {"passages": count_ids(match_files(join(job.output, "extracted-*.parquet")), "passage_id"),
-                         "dead_letters": failed},
+                         "dead_letters": failed,
+                         "reconciliation": RunFolder(job.output, EXTRACT_TRIPLETS).reconcile(inputs)},
     })
     return manifest
 

@@ -8,6 +8,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from specrag.jobio.run_folder import identity_differences  # noqa: F401 (the jobs' manifests name it)
 from specrag.redaction import redact
 
 PACKAGES = ("specrag", "apache-beam", "torch", "transformers", "pyarrow", "numpy", "bm25s",
@@ -55,23 +56,11 @@ def machine() -> dict[str, object]:
 def write_manifest(out_dir: Path | str, content: dict, name: str = "manifest.json") -> dict:
     """Written through Beam's FileSystems: the output folder may be on gs:// or s3://. Secret
     option values never are (``redact``)."""
-    from specrag.transforms.files import join, write_text
+    from specrag.jobio.files import join, write_text
     manifest = {"written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "versions": versions(), "machine": machine(), **redact(content)}
     write_text(join(str(out_dir), name), json.dumps(manifest, indent=2, sort_keys=True, default=str))
     return manifest
-
-
-def identity_differences(earlier: dict, now: dict, prefix: str = "") -> list[str]:
-    """'key: earlier -> now' for every part that differs (nested keys joined by dots)."""
-    out = []
-    for key in sorted(set(earlier) | set(now), key=str):
-        a, b = earlier.get(key), now.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += identity_differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return out
 
 
 def job_counters(result, namespace: str) -> dict[str, int]:

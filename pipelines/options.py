@@ -17,7 +17,9 @@ Example usage::
 """
 from __future__ import annotations
 
+import argparse
 import os
+from dataclasses import dataclass
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -162,6 +164,26 @@ class ReplaceOptions(PipelineOptions):
             raise ValueError(f"--max-failure-fraction must be in [0, 1], got {self.max_failure_fraction}")
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    window_s: float = 60.0  # event-time window: results and manifest counts per window
+    allowed_lateness_s: float = 600.0  # a row this much behind its arrival is a "late" dead letter
+    dedupe_horizon_s: float = 86400.0  # how long (event time) an answered id is remembered
+    poll_interval_s: float = 10.0  # how often a watched folder is listed
+    stop_after_s: float | None = None  # stop watching after this long (None: until cancelled)
+    event_time_field: str | None = None  # a row field holding its event time (else: when it arrived)
+    timestamp_attribute: str | None = None  # Pub/Sub: the message attribute holding its event time
+
+    def validate(self) -> None:
+        for name in ("window_s", "poll_interval_s", "dedupe_horizon_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name[:-2].replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.allowed_lateness_s < 0:
+            raise ValueError(f"--allowed-lateness must be >= 0 seconds, got {self.allowed_lateness_s}")
+        if self.stop_after_s is not None and self.stop_after_s <= 0:
+            raise ValueError(f"--stop-after must be > 0 seconds, got {self.stop_after_s}")
+
+
 class StreamOptions(PipelineOptions):
     """`specrag answer --streaming` (Beam's flag): an unbounded source answered as it arrives."""
 
@@ -184,7 +206,6 @@ class StreamOptions(PipelineOptions):
               help="Pub/Sub: the message attribute holding its event time (default: the publish time)")
 
     def settings(self):
-        from specrag.pipelines.streaming import StreamSettings
         stream = StreamSettings(window_s=self.window, allowed_lateness_s=self.allowed_lateness,
                                 dedupe_horizon_s=self.dedupe_horizon, poll_interval_s=self.poll_interval,
                                 stop_after_s=self.stop_after, event_time_field=self.event_time_field,
@@ -363,7 +384,7 @@ def worker_visible_paths(flags: list[str]) -> list[str]:
 
 
 def _visible(flag: str, value: str, remote_only: bool) -> str:
-    from specrag.transforms.files import is_local
+    from specrag.jobio.files import is_local
     if flag == "model":  # ROLE=SPEC: only a spec that is a local file or folder is a path
         role, _, spec = value.partition("=")
         return f"{role}={os.path.abspath(spec)}" if spec and not os.path.isabs(spec) and os.path.exists(spec) \
@@ -427,3 +448,53 @@ JOB_OPTIONS = {
     "build-index": (BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),
     "build-datastore": (BuildDatastoreOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),
 }
+
+
+def unknown_beam_flags(args: list[str]) -> list[str]:
+    """Flags no Beam PipelineOptions class defines (Beam itself would drop them silently)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    seen: dict[str, type] = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # noqa: SLF001 (how Beam itself collects its options)
+    _, unknown = parser.parse_known_args(list(args))
+    return [a for a in unknown if a.startswith("-")]
+
+
+def with_suggestions(flags: list[str]) -> str:
+    """``--retreiver`` → ``--retreiver (did you mean --retriever?)``, from the flags specrag defines."""
+    import difflib
+    known = sorted({o for classes in JOB_OPTIONS.values() for cls in classes
+                    for o in _option_strings(cls) if o.startswith("--") and "_" not in o})  # dashed spellings
+    out = []
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        out.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return ", ".join(out)
+
+
+def _option_strings(cls) -> list[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    cls._add_argparse_args(parser)  # noqa: SLF001
+    return [o for action in parser._actions for o in action.option_strings]  # noqa: SLF001
+
+
+def beam_args_from_flags(flags: list[str]) -> tuple[str, ...]:
+    """A job's flags (specrag's and Beam's), checked, with the default runner."""
+    unknown = unknown_beam_flags(flags)
+    if unknown:
+        raise ValueError(f"unknown option(s) {with_suggestions(unknown)}: neither specrag nor Beam defines them "
+                         "(see `specrag COMMAND --help`; Beam options are listed in its PipelineOptions)")
+    if not any(a.startswith("--runner") for a in flags):
+        flags = ["--runner=FnApiRunner", *flags]
+    return tuple(worker_visible_paths(flags))
+
+
+def job_options(flags: list[str]):
+    """(PipelineOptions, Beam args) of a job's flags, checked (``beam_args_from_flags``)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    beam_args = beam_args_from_flags(flags)
+    return PipelineOptions(list(beam_args)), beam_args

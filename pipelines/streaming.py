@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Tuple
 
 import apache_beam as beam
@@ -31,8 +31,13 @@ from apache_beam.utils.timestamp import Duration
 from specrag.methods.base import QueryState
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
-from specrag.transforms.files import join, match_files, read_parquet, read_text, write_text
-from specrag.transforms.progress import CountProgress, progress_dir
+from specrag.jobio.files import delete, join, match_files, read_parquet, read_text, write_text
+from specrag.jobio.run_folder import ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFolder
+from specrag.pipelines.identity import run_fingerprint, run_identity
+from specrag.pipelines.manifest import job_counters, write_manifest
+from specrag.pipelines.options import StreamSettings, new_pipeline
+from specrag.transforms.counters import count_dead_letter, count_element, counted_result_row
+from specrag.transforms.progress import CountProgress, progress_dir, watch_progress
 from specrag.transforms.records import DEAD
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
@@ -42,26 +47,6 @@ from specrag.transforms.validate import ReadIds
 
 STREAM_PREFIX = "stream"  # results-stream-w...: a streaming run's shards, beside a batch run's results-000-...
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    window_s: float = 60.0  # event-time window: results and manifest counts per window
-    allowed_lateness_s: float = 600.0  # a row this much behind its arrival is a "late" dead letter
-    dedupe_horizon_s: float = 86400.0  # how long (event time) an answered id is remembered
-    poll_interval_s: float = 10.0  # how often a watched folder is listed
-    stop_after_s: float | None = None  # stop watching after this long (None: until cancelled)
-    event_time_field: str | None = None  # a row field holding its event time (else: when it arrived)
-    timestamp_attribute: str | None = None  # Pub/Sub: the message attribute holding its event time
-
-    def validate(self) -> None:
-        for name in ("window_s", "poll_interval_s", "dedupe_horizon_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name[:-2].replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
-        if self.allowed_lateness_s < 0:
-            raise ValueError(f"--allowed-lateness must be >= 0 seconds, got {self.allowed_lateness_s}")
-        if self.stop_after_s is not None and self.stop_after_s <= 0:
-            raise ValueError(f"--stop-after must be > 0 seconds, got {self.stop_after_s}")
 
 
 def check_streaming_input(queries: str, streaming: bool, runner: str, stream: StreamSettings | None) -> None:
@@ -127,7 +112,6 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
                                     lease_token: str | None = None, manifest_base: dict | None = None) -> None:
     """The streaming job's graph. ``rows``: an unbounded PCollection of query rows (a test's
     TestStream); by default the job's own source."""
-    from specrag.pipelines.answer import _count, _count_dead, _result_row
     out = job.output
     if rows is None:
         rows = p | "Queries" >> query_source(job.queries, stream)
@@ -148,7 +132,7 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
     keyed = (deduped.valid
              | "ProgressAdmitted" >> CountProgress(progress, "admitted")
              | "Windows" >> _windows(stream)
-             | "CountQueries" >> beam.Map(_count("queries_in"))
+             | "CountQueries" >> beam.Map(count_element("queries_in"))
              | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
     dead = [admitted[DEAD] | "WindowRejected" >> _windows(stream), deduped[DEAD] | "WindowDuplicates" >> _windows(stream)]
     shared = Shared()
@@ -158,9 +142,9 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
             segment, job.runtime, shared, execution="streaming", gather_timeout_s=job.gather_timeout_s)
         failed.extend(stage_dead)
     failed = failed | "FlattenFailed" >> beam.Flatten() | "ProgressFailed" >> CountProgress(progress, "failed")
-    results = (keyed | "ToResultRows" >> beam.Map(_result_row, job.method.name, fingerprint)
+    results = (keyed | "ToResultRows" >> beam.Map(counted_result_row, job.method.name, fingerprint)
                | "ProgressAnswered" >> CountProgress(progress, "done"))
-    dead_rows = ([*dead, failed] | "FlattenDeadLetters" >> beam.Flatten() | "CountDeadLetters" >> beam.Map(_count_dead)
+    dead_rows = ([*dead, failed] | "FlattenDeadLetters" >> beam.Flatten() | "CountDeadLetters" >> beam.Map(count_dead_letter)
                  | "ProgressDead" >> CountProgress(progress, "dead"))
     _ = results | "WriteResults" >> WriteParquetShards(join(out, f"results-{STREAM_PREFIX}"), job.method.results_schema(),
                                                        job.shard_rows, counter="results", lease_token=lease_token,
@@ -222,24 +206,17 @@ def run_streaming_answer(job, rows=None) -> dict:
     a test's TestStream) or it is cancelled; returns the final manifest. ``rows``: a callable
     pipeline → unbounded PCollection of query rows, in place of the job's source (tests).
 
-    The output folder follows the batch rules: an earlier run is kept unless ``--resume`` (its
-    answered ids are skipped) or ``--overwrite`` (set aside, restored if this run fails)."""
-    from specrag.pipelines.answer import (IDENTITY_FILE, INPUTS_FILE, check_resumable, refuse_earlier_run,
-                                          run_files, run_fingerprint, run_identity)
-    from specrag.pipelines.manifest import job_counters, write_manifest
-    from specrag.pipelines.options import new_pipeline
-    from specrag.transforms.files import delete, mkdirs, replacing
-    from specrag.transforms.lease import Lease
-    from specrag.transforms.progress import watch_progress
+    The output folder follows the batch rules (``RunFolder``): an earlier run is kept unless
+    ``--resume`` (its answered ids are skipped) or ``--overwrite`` (set aside, restored if this
+    run fails or is killed)."""
     stream: StreamSettings = job.stream
     out = job.output
-    refuse_earlier_run(job)
+    folder = RunFolder(out, ANSWER)
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
     if job.resume:
-        check_resumable(out, identity)
-    mkdirs(out)
-    with Lease(out) as lease, replacing(out, lambda: run_files(out), job.overwrite and not job.resume):
+        folder.check_resumable(identity)
+    with folder.writing(resume=job.resume, overwrite=job.overwrite) as lease:
         write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
         write_text(join(out, INPUTS_FILE), json.dumps([{"stream": job.queries}], indent=2))
         done = finished_ids_files(out) if job.resume else []

@@ -28,7 +28,7 @@ class TrainingInputFailed(RuntimeError):
 def training_tables(pattern: str, file_name: str, command: str) -> list[str]:
     """The Parquet files a training command reads: a folder's ``file_name`` (what ``command``
     wrote), a file, or a glob."""
-    from specrag.transforms.files import join, match_files
+    from specrag.jobio.files import join, match_files
     files = match_files(pattern) if "*" in pattern or pattern.endswith(".parquet") else []
     files = files or match_files(join(pattern, file_name))
     if not files:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from specrag.transforms.files import join, match_files, read_parquet, write_parquet
+from specrag.jobio.files import join, match_files, read_parquet, write_parquet
 
 LABELS = pa.schema([
     pa.field("query_id", pa.string(), nullable=False),
@@ -67,7 +67,7 @@ def run_train_utility(labels: str, out_dir: str, config, threads: int = 1, *, ov
     from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows, validate_label
     from specrag.retrieval.utility_predictor import load_labels, similarity_scorer, train_utility_predictor
     from specrag.transforms.runtime import load_backend
-    from specrag.transforms.parquet_io import dataset_fingerprint
+    from specrag.jobio.inputs import dataset_fingerprint
     refuse_existing_model(out_dir, overwrite)
     files = label_files(labels)
     rows = [r for f in files for r in read_parquet(f).to_pylist()]

@@ -67,7 +67,7 @@ def assemble_vectors(shard_dir: Path, store: DocStore, precomputed: Sequence[str
     """The job's embedding shards and the precomputed (id, vector) files the job did not embed
     again, as one matrix in document-store row order; and how many precomputed vectors belong
     to no passage (their rows were dead-lettered or are absent), which are skipped."""
-    from specrag.transforms import files as fs
+    from specrag.jobio import files as fs
     names = [str(f) for f in sorted(Path(shard_dir).glob("*.parquet"))] + list(precomputed)
     if not names:
         raise FileNotFoundError(f"no embedding shards in {shard_dir}")

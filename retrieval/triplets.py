@@ -224,7 +224,7 @@ class TripletStore:
         """Reads committed shards only (an extracted-S file and its triplets-S twin); a passage
         written twice (a retried bundle) keeps its first shard's set."""
         import json
-        from specrag.transforms import files  # FileSystems paths
+        from specrag.jobio import files  # FileSystems paths
         done_files = sorted(files.match_files(files.join(folder, "extracted-*.parquet")))
         if not done_files:
             raise FileNotFoundError(f"{folder} holds no extract-triplets output (extracted-*.parquet)")

@@ -15,7 +15,7 @@ from specrag.methods import MethodConfig, create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.pipelines.cli import main
 from specrag.schemas import QUERIES
-from specrag.transforms.files import UnreadableInput
+from specrag.jobio.files import UnreadableInput
 from specrag.transforms.runtime import RuntimeConfig
 
 import remotefs  # the specragtest:// scheme (tests/remotefs.py)
@@ -185,7 +185,7 @@ def test_secret_options_are_redacted_in_manifests_and_runner_spellings_are_read_
 def test_a_filesystem_that_cannot_be_used_is_an_error_with_its_cause_not_an_empty_match(tmp_path, capsys,
                                                                                        monkeypatch):
     from apache_beam.io.filesystems import FileSystems
-    from specrag.transforms.files import match_files
+    from specrag.jobio.files import match_files
     assert match_files(str(tmp_path / "missing" / "*.parquet")) == []  # nothing there: empty
     from apache_beam.options.value_provider import RuntimeValueProvider
     FileSystems.set_options(None)  # and no options an earlier job of this process left behind
@@ -418,7 +418,7 @@ def test_a_second_writer_is_refused_while_the_first_runs(demo_tables, demo_index
 
 def test_a_stale_lease_is_taken_over_and_a_lost_lease_stops_commits(tmp_path):
     import socket
-    from specrag.transforms.lease import Lease, LeaseHeld, check
+    from specrag.jobio.lease import Lease, LeaseHeld, check
     pq.write_table(pa.Table.from_pylist([{"id": "a", "question": "q"}], schema=QUERIES), tmp_path / "q.parquet")
     out = tmp_path / "out"
     out.mkdir()

@@ -13,7 +13,8 @@ from apache_beam.utils.timestamp import Timestamp
 from echo_method import Echo
 from specrag.methods import MethodConfig
 from specrag.pipelines.answer import AnswerJob, run_answer
-from specrag.pipelines.streaming import StreamSettings, run_streaming_answer
+from specrag.pipelines.options import StreamSettings
+from specrag.pipelines.streaming import run_streaming_answer
 from specrag.schemas.tables import QUERIES
 from specrag.transforms.runtime import RuntimeConfig
 

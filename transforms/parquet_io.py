@@ -17,28 +17,11 @@ from typing import Iterator
 import apache_beam as beam
 import pyarrow as pa
 
-from specrag.transforms.files import UnreadableInput, content_identity, match_files, open_parquet
+from specrag.jobio.files import UnreadableInput, open_parquet
+from specrag.jobio.inputs import expand_inputs, inspect_inputs
 from specrag.transforms.records import dead_letter
 
 BAD_FILES = ("fail", "dead-letter")
-
-
-def expand_inputs(pattern: str) -> list[str]:
-    files = match_files(pattern) or match_files(pattern.rstrip("/") + "/*.parquet")
-    if not files:
-        raise FileNotFoundError(f"no Parquet files match {pattern!r}")
-    return files
-
-
-def inspect_inputs(files: list[str]) -> tuple[dict[str, int], dict[str, str]]:
-    """({file: row groups} of the readable files, {file: why} of the unreadable ones)."""
-    groups, bad = {}, {}
-    for f in files:
-        try:
-            groups[f] = open_parquet(f).num_row_groups
-        except UnreadableInput as e:
-            bad[f] = str(e)
-    return groups, bad
 
 
 def _as_bytes(t: pa.DataType) -> pa.DataType:
@@ -94,16 +77,3 @@ class ReadParquetRows(beam.PTransform):
         """One dead letter per unreadable input file."""
         rows = [dead_letter(None, "read", UnreadableInput(why), {"_source": f}) for f, why in sorted(self.bad.items())]
         return pbegin | "UnreadableFiles" >> beam.Create(rows)
-
-
-def dataset_fingerprint(files: list[str]) -> dict:
-    """Row count (the Parquet footer) and content identity per input file, for the run manifest
-    (``files.content_identity``: a hash of local files, the store's checksum of remote ones)."""
-    out = {}
-    for f in files:
-        try:
-            rows = open_parquet(f).metadata.num_rows
-        except UnreadableInput as e:
-            rows = f"unreadable: {e}"
-        out[f] = {**content_identity(f), "rows": rows}
-    return out

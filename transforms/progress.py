@@ -24,7 +24,7 @@ from typing import Iterator, TextIO
 
 import apache_beam as beam
 
-from specrag.transforms.files import delete, join, match_files, mkdirs, open_parquet, read_text, write_text
+from specrag.jobio.files import delete, join, match_files, mkdirs, open_parquet, read_text, write_text
 
 PROGRESS_DIR = ".progress"
 KINDS = ("done", "dead", "admitted", "failed")  # admitted / failed: a streaming job's queries in, failed in a stage
@@ -115,7 +115,7 @@ def count_rows(files: list[str]) -> int | None:
 
 def count_ids(files: list[str], column: str) -> int:
     """Distinct ids in a column of earlier outputs (what a resumed run skips)."""
-    from specrag.transforms.files import read_parquet
+    from specrag.jobio.files import read_parquet
     return len({i for f in files for i in read_parquet(f, columns=[column]).column(column).to_pylist()})
 
 

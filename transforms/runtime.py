@@ -160,7 +160,7 @@ class RuntimeConfig:
 
 def _manifest(folder: str, what: str, build: str) -> dict:
     """An index's or datastore's manifest, through FileSystems (the folder may be remote)."""
-    from specrag.transforms import files
+    from specrag.jobio import files
     path = files.join(folder, "manifest.json")
     if not files.exists(path):
         raise ValueError(f"{folder} is not a {what} (no manifest.json); build one with `{build}`")
@@ -181,7 +181,7 @@ def _kinds(folder: str, what: str, build: str) -> dict:
 
 def _check_index_files(folder: str, kind: str) -> None:
     """The files a retriever opens are there (a copied or half-deleted folder fails at start)."""
-    from specrag.transforms import files
+    from specrag.jobio import files
     missing = [name for name, pattern in (("passages.parquet", "passages.parquet"), (f"{kind}/", f"{kind}/*"))
                if not files.match_files(files.join(folder, pattern))]
     if missing:
@@ -213,7 +213,7 @@ def _folder_fingerprint(folder: str | None) -> str | None:
     datastore is what its manifest says it holds."""
     if not folder:
         return None
-    from specrag.transforms import files
+    from specrag.jobio import files
     path = files.join(folder, "manifest.json")
     if not files.exists(path):
         return None
@@ -270,7 +270,7 @@ def _local_copy(folder: str) -> str:
     """Indexes and datastores on gs:// or s3:// are copied to the worker once (FAISS and
     bm25s read local files)."""
     from specrag.inference.models import cache_dir
-    from specrag.transforms.files import localize
+    from specrag.jobio.files import localize
     return localize(folder, cache_dir())
 
 

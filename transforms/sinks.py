@@ -20,8 +20,8 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from specrag.transforms.files import write_parquet
-from specrag.transforms.lease import check
+from specrag.jobio.files import write_parquet
+from specrag.jobio.lease import check
 
 
 class _WriteShards(beam.DoFn):
@@ -55,7 +55,7 @@ class _WriteShards(beam.DoFn):
         # a windowed shard names its window's start (UTC) first
         tag = f"-w{window.start.to_utc_datetime().strftime('%Y%m%dT%H%M%S')}" if self.windowed else ""
         path = f"{self.prefix}{tag}-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-        if self.lease_token:  # the folder is still this run's (transforms/lease.py)
+        if self.lease_token:  # the folder is still this run's (jobio/lease.py)
             check(FileSystems.split(path)[0], self.lease_token)
         write_parquet(path, pa.Table.from_pylist(self._rows[window], schema=self.schema))
         self._written.inc(len(self._rows[window]))

@@ -61,7 +61,7 @@ def read_query_file(path: str) -> list[dict]:
     """Rows of one Parquet or JSON-lines file (strings as bytes for Parquet, as in batch, so a
     row with invalid UTF-8 is one dead letter); a file that cannot be read is one row
     carrying ``_unreadable`` (a dead letter downstream)."""
-    from specrag.transforms.files import UnreadableInput, open_parquet, read_bytes
+    from specrag.jobio.files import UnreadableInput, open_parquet, read_bytes
     from specrag.transforms.parquet_io import read_row_group
     try:
         if path.endswith(".parquet"):

@@ -30,7 +30,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from specrag import registry
 from specrag.inference.triton import TritonConfig
 from specrag.retrieval.triplets import EXTRACTED, TRIPLETS, Extraction, Passage
-from specrag.transforms.files import write_parquet
+from specrag.jobio.files import write_parquet
 from specrag.transforms.records import DEAD, dead_letter
 
 NAMESPACE = "specrag"

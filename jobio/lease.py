@@ -27,7 +27,7 @@ import uuid
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from specrag.transforms.files import delete, exists, is_local, join, read_text, write_text
+from specrag.jobio.files import delete, exists, is_local, join, read_text, write_text
 
 LEASE_FILE = ".lease"
 HEARTBEAT_S = 30.0

@@ -7,7 +7,6 @@ not readable Parquet is an ``UnreadableInput`` naming the file, never a bare tra
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
@@ -21,8 +20,9 @@ from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 
-def _share_botocore_loader() -> None:
-    """One botocore data loader per process instead of one per client.
+def share_botocore_loader() -> None:
+    """One botocore data loader per process instead of one per client (called before the first
+    s3:// operation of a process, never on import).
 
     Beam's S3 filesystem builds a new boto3 session and client for every operation (exists,
     open, rename, delete...), and each new session re-parses botocore's service JSON: 0.16 s a
@@ -37,7 +37,12 @@ def _share_botocore_loader() -> None:
         botocore.session.create_loader = functools.lru_cache(maxsize=None)(botocore.loaders.create_loader)
 
 
-_share_botocore_loader()
+def _for(path) -> str:
+    """``path`` as a string, with the S3 client set-up shared first when it is an s3:// path."""
+    path = str(path)
+    if path.startswith("s3://"):
+        share_botocore_loader()
+    return path
 
 
 class UnreadableInput(ValueError):
@@ -67,7 +72,7 @@ def match_files(pattern: str) -> list[str]:
     filesystem that cannot be reached or used (credentials, options, a missing client library)
     is an OSError with its cause, never an empty match."""
     try:
-        result = FileSystems.match([str(pattern)])[0]
+        result = FileSystems.match([_for(pattern)])[0]
     except BeamIOError as e:
         cause = _root_cause(e)
         if isinstance(cause, FileNotFoundError) or any(w in str(cause).lower() for w in _NOT_FOUND):
@@ -87,6 +92,7 @@ def check_buckets(paths: list[str], options) -> None:
     buckets = sorted({p[len("s3://"):].split("/", 1)[0] for p in map(str, paths) if p.startswith("s3://")})
     if not buckets:
         return
+    share_botocore_loader()
     try:
         import boto3
         import botocore.config
@@ -116,7 +122,7 @@ def check_buckets(paths: list[str], options) -> None:
 
 
 def exists(path: str) -> bool:
-    return FileSystems.exists(str(path))
+    return FileSystems.exists(_for(path))
 
 
 def mkdirs(path: str) -> None:
@@ -135,13 +141,13 @@ def delete(paths: list[str]) -> None:
 
 
 def read_bytes(path: str) -> bytes:
-    with FileSystems.open(str(path), compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+    with FileSystems.open(_for(path), compression_type=CompressionTypes.UNCOMPRESSED) as fh:
         return fh.read()
 
 
 def write_bytes(path: str, data: bytes) -> None:
     """Written under a temporary name, then renamed: readers never see half a file."""
-    tmp = join(FileSystems.split(str(path))[0], f".{uuid.uuid4().hex}.inprogress")
+    tmp = join(FileSystems.split(_for(path))[0], f".{uuid.uuid4().hex}.inprogress")
     with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
         fh.write(data)
     if FileSystems.exists(str(path)):
@@ -159,7 +165,7 @@ def write_text(path: str, text: str) -> None:
 
 def open_parquet(path: str) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(FileSystems.open(str(path), compression_type=CompressionTypes.UNCOMPRESSED))
+        return pq.ParquetFile(FileSystems.open(_for(path), compression_type=CompressionTypes.UNCOMPRESSED))
     except (pa.ArrowInvalid, pa.ArrowException, OSError, BeamIOError) as e:
         raise UnreadableInput(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
 
@@ -227,40 +233,6 @@ def publish(local_dir: Path | str, folder: str, *, skip: tuple[str, ...] = ()) -
     files.sort(key=lambda p: p.name == "manifest.json")
     for path in files:
         write_bytes(join(folder, *path.relative_to(local_dir).parts), path.read_bytes())
-
-
-def set_aside(folder: str, paths: list[str]) -> str | None:
-    """Move files of ``folder`` into a hidden ``.replaced-<token>`` folder beside them, so that a
-    run replacing them can put them back if it fails (``restore``); None when there are none."""
-    if not paths:
-        return None
-    aside = join(folder, f".replaced-{uuid.uuid4().hex[:12]}")
-    mkdirs(aside)
-    FileSystems.rename(list(paths), [join(aside, p.rstrip("/").rsplit("/", 1)[-1]) for p in paths])
-    return aside
-
-
-def restore(folder: str, aside: str, replacing: list[str]) -> None:
-    """Undo ``set_aside``: delete what the failed run wrote (``replacing``), move the files back."""
-    delete([p for p in replacing if exists(p)])
-    back = match_files(join(aside, "*"))
-    FileSystems.rename(back, [join(folder, p.rsplit("/", 1)[-1]) for p in back])
-    remove_tree(aside)
-
-
-@contextlib.contextmanager
-def replacing(folder: str, run_files, enabled: bool = True):
-    """Around a run that replaces an earlier one (--overwrite): the earlier run's files
-    (``run_files()``) are set aside, put back if the run fails, deleted once it has succeeded."""
-    aside = set_aside(folder, run_files()) if enabled else None
-    try:
-        yield
-    except BaseException:
-        if aside:
-            restore(folder, aside, run_files())
-        raise
-    if aside:
-        remove_tree(aside)
 
 
 def remove_tree(folder: str) -> None:
