@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from specrag.pipelines.answer import IDENTITY_FILE, run_fingerprint
+from specrag.jobio.run_folder import IDENTITY_FILE
+from specrag.pipelines.identity import run_fingerprint
 from specrag.transforms.runtime import BUILD_RECORD_KEYS, manifest_fingerprint
 
 RUNS = "benchmarks/results/compare-full/runs"

@@ -9,6 +9,7 @@ from specrag.evaluation.metrics import RECALL_AT, TASK_METRICS, recall_at, score
 from specrag.evaluation.trajectory import METRICS as TRAJECTORY_METRICS
 from specrag.evaluation.trajectory import trace_steps, trajectory_metrics
 from specrag.jobio.files import exists, join, match_files, read_parquet, write_text
+from specrag.jobio.run_folder import ANSWER, RunFolder
 
 
 RESULT_COLUMNS = ["id", "method", "answer", "raw_output", "choice", "timings", "retrieved"]
@@ -39,6 +40,7 @@ def evaluate_run(results_dir: Path | str, queries: str) -> dict:
     """Metrics per (dataset, method) for one run folder (any FileSystems path), one result per id
     (duplicates are counted in ``coverage`` and left out of the metrics); a folder that holds no
     run and missing gold are errors."""
+    RunFolder(str(results_dir), ANSWER).check_readable()  # a stopped --overwrite is named, not half read
     results = _read(join(str(results_dir), "results-*.parquet"), RESULT_COLUMNS)  # core columns: any method
     dead = _read(join(str(results_dir), "dead_letters-*.parquet"))
     if not results and not dead and not exists(join(str(results_dir), "identity.json")):

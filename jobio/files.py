@@ -121,6 +121,15 @@ def check_buckets(paths: list[str], options) -> None:
             raise OSError(f"cannot reach S3 for bucket {bucket!r}: {e}") from e
 
 
+def sizes(pattern: str) -> dict[str, int]:
+    """{path: bytes} of the files matching a glob, from one listing (no file is opened)."""
+    try:
+        result = FileSystems.match([_for(pattern)])[0]
+    except BeamIOError:
+        return {}
+    return {m.path: m.size_in_bytes for m in result.metadata_list}
+
+
 def exists(path: str) -> bool:
     return FileSystems.exists(_for(path))
 

@@ -133,8 +133,15 @@ class Lease:
     def __enter__(self) -> "Lease":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, kind, error, tb) -> None:
+        if kind is None:
+            self.release()
+            return
+        try:  # the run already failed: that failure is what the user must read, not this one
+            self.release()
+        except Exception as e:  # the store that failed the run may fail this delete too
+            error.add_note(f"(the lease {self.path} could not be released either: {type(e).__name__}: {e}; "
+                           "it goes stale once this process exits)")
 
 
 def check(folder: str, token: str) -> None:

@@ -113,8 +113,8 @@ class RunFolder:
     def pending(self) -> list[str]:
         """Set-aside folders of --overwrite runs that never finished (killed), oldest name first."""
         prefix = self.path.rstrip("/") + "/"
-        return sorted({prefix + f[len(prefix):].split("/", 1)[0] for f in match_files(join(self.path, f"{ASIDE}*"))
-                       if "/" in f[len(prefix):]})
+        return sorted({prefix + f[len(prefix):].split("/", 1)[0]
+                       for f in match_files(join(self.path, f"{ASIDE}*", "**"))})
 
     def refuse_earlier(self) -> None:
         held = self.held()

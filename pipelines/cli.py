@@ -19,7 +19,15 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights come from installed packages only
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from specrag.pipelines.options import (beam_args_from_flags, job_options, unknown_beam_flags,  # noqa: E402
+
+
+def _quiet_beam_import(record: logging.LogRecord) -> bool:
+    """Beam warns on import about GCP clients that batch runs on local files never use."""
+    return "apitools not found" not in record.getMessage()
+
+
+logging.getLogger().addFilter(_quiet_beam_import)  # before Beam is imported (the command's own module)
+from specrag.pipelines.options import (beam_args_from_flags, job_options, unparsed_beam_args,  # noqa: E402
                                        with_suggestions)
 
 
@@ -465,15 +473,13 @@ def _filesystem_options(flags: list[str], paths: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # Beam warns on import about GCP clients that batch runs on local files never use
-    logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
     argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser().parse_known_args(argv)
-    unknown = [a for a in extra if not a.startswith("--")]
-    if unknown:  # `--retreiver dense`: the stray value belongs to a flag nobody defines; name the flag
-        flags = unknown_beam_flags([a for a in extra if a.startswith("--")])
-        parser().error(f"unknown option(s) {with_suggestions(flags)}" if flags
-                       else f"unexpected arguments: {unknown}")
+    left = unparsed_beam_args(extra)  # Beam's own flags pass, in both of its forms
+    stray = [a for a in left if not a.startswith("-")]
+    if stray:  # `--retreiver dense`: the stray value belongs to a flag nobody defines; name the flag
+        flags = [a for a in left if a.startswith("-")]
+        parser().error(f"unknown option(s) {with_suggestions(flags)}" if flags else f"unexpected arguments: {stray}")
     # a Beam job gets all its flags (specrag's and Beam's): they travel with its pipeline options
     flags = argv[argv.index(args.command) + 1:] if args.fn in (cmd_answer, cmd_build_index, cmd_build_datastore,
                                                                cmd_extract_triplets, cmd_label_utility,

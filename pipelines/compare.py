@@ -127,9 +127,9 @@ def earlier_prefix(dataset: SuiteDataset, workdir: Path, output: str, contents: 
     """The queries file of the run in ``output`` when they are a prefix of this dataset's questions
     (the run was made with a smaller ``limit``): the same questions taken with that limit, whose
     contents match what the run recorded. None when the run answered these inputs or others."""
-    from specrag.pipelines.answer import input_contents, recorded_inputs
     from specrag.jobio.inputs import dataset_fingerprint
-    recorded = recorded_inputs(output)
+    from specrag.jobio.run_folder import ANSWER, RunFolder, input_contents
+    recorded = RunFolder(output, ANSWER).recorded_inputs()
     if not recorded or recorded == _plain(contents):
         return None
     rows, now = sum(r.get("rows") or 0 for r in recorded), sum(r.get("rows") or 0 for r in contents)

@@ -452,6 +452,12 @@ JOB_OPTIONS = {
 
 def unknown_beam_flags(args: list[str]) -> list[str]:
     """Flags no Beam PipelineOptions class defines (Beam itself would drop them silently)."""
+    return [a for a in unparsed_beam_args(args) if a.startswith("-")]
+
+
+def unparsed_beam_args(args: list[str]) -> list[str]:
+    """What no Beam PipelineOptions class takes: unknown flags and stray values. Values may follow
+    their flag in either form Beam reads (``--direct_num_workers=2`` or ``--direct_num_workers 2``)."""
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
     parser = _BeamArgumentParser(allow_abbrev=False)
     seen: dict[str, type] = {}
@@ -460,7 +466,7 @@ def unknown_beam_flags(args: list[str]) -> list[str]:
     for cls in seen.values():
         cls._add_argparse_args(parser)  # noqa: SLF001 (how Beam itself collects its options)
     _, unknown = parser.parse_known_args(list(args))
-    return [a for a in unknown if a.startswith("-")]
+    return unknown
 
 
 def with_suggestions(flags: list[str]) -> str:

@@ -161,7 +161,13 @@ def load_suite(path: str | Path) -> Suite:
     from specrag.methods.base import create_method, parse_settings
     from specrag.registry import METHODS
     path = Path(path)
-    raw = yaml.safe_load(path.read_text())
+    try:
+        raw = yaml.safe_load(path.read_text())  # safe: tags such as !!python/object are never executed
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{path}: not a suite file{where}: {problem}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a suite is a YAML mapping")
     errors: list[str] = []

@@ -4,6 +4,7 @@ Layout::
 
     index_dir/
       manifest.json        kinds, passage count, corpus fingerprint, embedder, parameters
+      files.json           the size of every file a retriever opens (checked before a job starts)
       passages.parquet     the validated, deduplicated passages (the document store)
       embeddings/*.parquet embedding shards written by the Beam job (dense only)
       bm25/                bm25s index
@@ -21,12 +22,14 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
+from specrag.jobio.run_folder import read_json
 from specrag.registry import RETRIEVERS
 from specrag.retrieval.base import DocStore, Retriever
 
 DENSE_KINDS = {"dense": "flat", "hnsw": "hnsw", "ivf": "ivf"}  # index kind -> FAISS kind
 KINDS = ("bm25", "lucene", *DENSE_KINDS)
 MANIFEST = "manifest.json"
+FILES = "files.json"  # beside the manifest, not in it: the manifest's content is the runs' identity
 
 
 def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra: dict,
@@ -59,6 +62,12 @@ def finish_index(index_dir: Path, kinds: list[str], embedder: str | None, extra:
         for kind in dense:
             params = build_faiss(matrix, index_dir / kind, DENSE_KINDS[kind], **(dense_params or {}).get(kind, {}))
             manifest["kinds"][kind] = {**params, "embedder": embedder}
+    opened = [index_dir / "passages.parquet", *(index_dir / k for k in manifest["kinds"])]
+    if dense:
+        opened.append(index_dir / VECTORS)
+    sizes = {p.relative_to(index_dir).as_posix(): p.stat().st_size
+             for top in opened for p in ([top] if top.is_file() else sorted(top.rglob("*"))) if p.is_file()}
+    (index_dir / FILES).write_text(json.dumps(sizes, indent=2, sort_keys=True))
     (index_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
@@ -100,7 +109,7 @@ def read_manifest(index_dir: Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{index_dir} is not a specrag index (no {MANIFEST}); "
                                 "build one with `specrag build-index`")
-    return json.loads(path.read_text())
+    return read_json(str(path))
 
 
 def open_retriever(index_dir: Path | str, kind: str,

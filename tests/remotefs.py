@@ -15,6 +15,14 @@ SCHEME = "specragtest"
 PREFIX = f"{SCHEME}://"
 ROOT = {"path": None}
 CALLS = {"n": 0}  # how many operations went through this file system
+# a store that goes away mid-run: after this many result shards, every write, rename and delete fails
+BREAK_AFTER = {"results": None, "written": 0}
+
+
+def _check_store(path: str = "") -> None:
+    limit = BREAK_AFTER["results"]
+    if limit is not None and BREAK_AFTER["written"] >= limit:
+        raise IOError(f"the store is unavailable (writing {path})")
 
 
 class TestSchemeFileSystem(LocalFileSystem):
@@ -46,6 +54,7 @@ class TestSchemeFileSystem(LocalFileSystem):
             yield FileMetadata(self._remote(m.path), m.size_in_bytes, m.last_updated_in_seconds)
 
     def create(self, path, *args, **kwargs):
+        _check_store(path)
         return super().create(self._local(path), *args, **kwargs)
 
     def open(self, path, *args, **kwargs):
@@ -55,6 +64,9 @@ class TestSchemeFileSystem(LocalFileSystem):
         return super().copy([self._local(s) for s in sources], [self._local(d) for d in destinations])
 
     def rename(self, sources, destinations):
+        _check_store(destinations[0] if destinations else "")
+        if any("/results-" in d for d in destinations):
+            BREAK_AFTER["written"] += 1
         return super().rename([self._local(s) for s in sources], [self._local(d) for d in destinations])
 
     def exists(self, path):
@@ -74,4 +86,5 @@ class TestSchemeFileSystem(LocalFileSystem):
         return FileMetadata(path, m.size_in_bytes, m.last_updated_in_seconds)
 
     def delete(self, paths):
+        _check_store(paths[0] if paths else "")
         return super().delete([self._local(p) for p in paths])

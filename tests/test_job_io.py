@@ -128,7 +128,7 @@ def test_job_options_are_beam_pipeline_options_that_travel_with_the_job():
     """specrag's flags are PipelineOptions classes: Beam parses them (dashed or underscored),
     they survive the round trip a runner makes of a job's options, and they are checked."""
     from apache_beam.options.pipeline_options import PipelineOptions
-    from specrag.pipelines.cli import unknown_beam_flags
+    from specrag.pipelines.options import unknown_beam_flags
     from specrag.pipelines.options import AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions
     flags = ["--queries=q.parquet", "--output", "out", "--max-in-flight=8", "--max_failure_fraction=0.1",
              "--set", "top_k=3", "--model", "generator=gemma3-270m", "--runner=FnApiRunner"]
@@ -337,7 +337,7 @@ def test_a_run_grows_over_more_queries_keeping_the_earlier_answers_only_when_the
 def test_every_input_row_is_accounted_for_across_resumes(tmp_path):
     """A duplicate id stays a dead letter when its first row was answered earlier; the failure
     share and the reconciliation cover the whole run; a resume with nothing to do keeps both."""
-    from specrag.pipelines.answer import RunFailed
+    from specrag.jobio.run_folder import RunFailed
     flag = tmp_path / "failing"
     flag.touch()
     rows = [("a", "one"), ("b", "two"), ("a", "again"), ("c", "  "), ("d", f"fail-while:{flag}")]

@@ -86,7 +86,7 @@ def test_fan_out_parts_are_joined_by_query_id(tmp_path):
 
 
 def test_a_run_over_the_failure_threshold_fails_after_writing_everything(tmp_path):
-    from specrag.pipelines.answer import RunFailed
+    from specrag.jobio.run_folder import RunFailed
     rows = [{"id": f"b{i}", "question": "break part 1"} for i in range(3)] + [{"id": "ok", "question": "fine"}]
     job = lambda **kw: AnswerJob(_queries(tmp_path / "q.parquet", rows), str(tmp_path / "out"),
                                  FanOutMethod(MethodConfig()), RuntimeConfig(models=()), **kw)
@@ -233,7 +233,8 @@ def test_resume_answers_only_unfinished_queries(tmp_path):
 
 
 def test_resume_with_another_identity_is_refused_with_the_reason(tmp_path):
-    from specrag.pipelines.answer import check_resumable, run_identity
+    from specrag.jobio.run_folder import ANSWER, RunFolder
+    from specrag.pipelines.answer import run_identity
     rows = [{"id": f"q{i}", "question": f"question {i}"} for i in range(3)]
     path = _queries(tmp_path / "q.parquet", rows)
     job = lambda runtime, **kw: AnswerJob(path, str(tmp_path / "out"), FanOutMethod(MethodConfig()), runtime, **kw)
@@ -242,7 +243,7 @@ def test_resume_with_another_identity_is_refused_with_the_reason(tmp_path):
         run_answer(job(RuntimeConfig(models=(), dtype="bfloat16"), resume=True))
     generator = RuntimeConfig(models=(("generator", "smollm2-135m-instruct"),))
     with pytest.raises(ValueError, match=r"models.generator: None -> 'smollm2-135m-instruct@sha256:[0-9a-f]{16}'"):
-        check_resumable(tmp_path / "out", run_identity(job(generator)))
+        RunFolder(str(tmp_path / "out"), ANSWER).check_resumable(run_identity(job(generator)))
     again = run_answer(job(RuntimeConfig(models=()), resume=True))  # same identity: nothing left to do
     assert again["run_fingerprint"] == first["run_fingerprint"]
     assert again["resumed"] == {"attempt": 1, "skipped_finished": 3}

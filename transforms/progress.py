@@ -188,12 +188,18 @@ class ProgressWatcher:
             self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, failed: bool = False) -> None:
+        """Stop the console lines; the final "finished" line only when the job did finish."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.poll()
-        if self.interval_s > 0:
+        if self.interval_s <= 0:
+            return
+        if failed:
+            print(f"{self.job}: stopped after {self.counts['done']} {self.unit}, {self.counts['dead']} dead letters "
+                  f"(the job failed)", file=self.stream, flush=True)
+        else:
             elapsed = time.monotonic() - self.started
             finished = self.counts["done"] + self.counts["dead"]
             print(f"{self.job}: finished {self.counts['done']} {self.unit}, {self.counts['dead']} dead letters "
@@ -211,10 +217,12 @@ def watch_progress(job: str, output: str, total: int | None, unit: str = "querie
     delete(match_files(join(folder, "*")))
     mkdirs(folder)
     watcher = ProgressWatcher(job, folder, total, unit, interval_s, stream, rate_window_s).start()
+    failed = True
     try:
         yield watcher
+        failed = False
     finally:
-        watcher.stop()
+        watcher.stop(failed)
         with contextlib.suppress(Exception):
             delete(match_files(join(folder, "*")))
             delete([folder])

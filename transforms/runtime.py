@@ -161,10 +161,15 @@ class RuntimeConfig:
 def _manifest(folder: str, what: str, build: str) -> dict:
     """An index's or datastore's manifest, through FileSystems (the folder may be remote)."""
     from specrag.jobio import files
+    from specrag.jobio.run_folder import read_json
     path = files.join(folder, "manifest.json")
     if not files.exists(path):
         raise ValueError(f"{folder} is not a {what} (no manifest.json); build one with `{build}`")
-    return json.loads(files.read_text(path))
+    manifest = read_json(path)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} is not a manifest (a JSON {type(manifest).__name__}); build the {what} again "
+                         f"with `{build}`")
+    return manifest
 
 
 def _kinds(folder: str, what: str, build: str) -> dict:
@@ -180,13 +185,29 @@ def _kinds(folder: str, what: str, build: str) -> dict:
 
 
 def _check_index_files(folder: str, kind: str) -> None:
-    """The files a retriever opens are there (a copied or half-deleted folder fails at start)."""
+    """The files a retriever opens are there, whole (a copied, half-deleted or truncated folder
+    fails at start, not in every worker)."""
     from specrag.jobio import files
+    from specrag.jobio.run_folder import read_json
+    from specrag.retrieval.dense import VECTORS
+    from specrag.retrieval.index import DENSE_KINDS, FILES
     missing = [name for name, pattern in (("passages.parquet", "passages.parquet"), (f"{kind}/", f"{kind}/*"))
                if not files.match_files(files.join(folder, pattern))]
     if missing:
         raise ValueError(f"index {folder} lists a {kind!r} index but lacks {', '.join(missing)}; "
                          f"rebuild it with `specrag build-index --kinds {kind}`")
+    sizes_file = files.join(folder, FILES)
+    if not files.exists(sizes_file):  # an index built before files.json was written
+        return
+    recorded = read_json(sizes_file)
+    prefix = str(folder).rstrip("/") + "/"
+    found = {m[len(prefix):]: size for m, size in files.sizes(prefix + "**").items()}
+    for name in sorted(n for n in recorded if n == "passages.parquet" or n.startswith(f"{kind}/")
+                       or (kind in DENSE_KINDS and n == VECTORS)):
+        if found.get(name) != recorded[name]:
+            state = "is missing" if name not in found else f"has {found[name]} bytes, {FILES} records {recorded[name]}"
+            raise ValueError(f"index {folder}: {name} {state} (truncated or replaced since it was built); "
+                             f"rebuild it with `specrag build-index --kinds {kind} --overwrite`")
 
 
 # When and how fast a folder was built says nothing of what it holds, nor does how its corpus's path
