@@ -7,7 +7,7 @@ that wheel first so pip never pulls a CUDA build.
 from setuptools import setup
 
 LAYERS = ["pipelines", "transforms", "methods", "retrieval", "inference", "schemas",
-          "importers", "evaluation", "jobio"]
+          "importers", "evaluation", "jobio", "training"]
 
 setup(
     name="specrag",
@@ -16,7 +16,8 @@ setup(
     python_requires=">=3.11,<3.12",
     packages=["specrag"] + [f"specrag.{layer}" for layer in LAYERS],
     package_dir={"specrag": "specrag", **{f"specrag.{layer}": layer for layer in LAYERS}},
-    package_data={"specrag.pipelines": ["demo_data/*.jsonl", "demo_data/*.yaml"], "specrag.evaluation": ["splits/*.txt"]},
+    package_data={"specrag.pipelines": ["demo_data/*.yaml"], "specrag.importers": ["demo_data/*.jsonl"],
+                  "specrag.evaluation": ["splits/*.txt"]},
     install_requires=[
         "torch>=2.13,<2.15",
         "apache-beam==2.77.0",

@@ -54,7 +54,7 @@ def main() -> None:
     import pyarrow.parquet as pq
     import torch
     from specrag.inference.ar_denoiser import new_ar_denoiser
-    from specrag.inference.denoiser_training import DenoiserReport, DenoiserTrainingConfig, save_trained
+    from specrag.training.denoiser import DenoiserReport, DenoiserTrainingConfig, save_trained
     from specrag.inference.local import LocalDenoiser, LocalModelConfig
     from specrag.inference.models import materialise
     from specrag.inference.types import DenoiseRequest

@@ -94,7 +94,7 @@ def write_queries(path: Path, n: int, seed: int = 0) -> dict:
 
 def run(n: int, workdir: Path) -> dict:
     from specrag.pipelines import cli
-    from specrag.pipelines.demo import write_demo_tables
+    from specrag.importers.demo import write_demo_tables
     from specrag.transforms import runtime
     queries = workdir / "queries.parquet"
     made = write_queries(queries, n)

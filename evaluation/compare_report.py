@@ -335,7 +335,7 @@ def _speedup(comparison: dict) -> str:
 
 
 def _file_slug(name: str) -> str:
-    from specrag.pipelines.suite import slug
+    from specrag.jobio.run_folder import slug
     return slug(name)
 
 

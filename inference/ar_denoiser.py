@@ -20,7 +20,7 @@ the model's end-of-turn token, as Dream fills it with EOS.
 The classes here present the interface of the encoder denoiser (``denoiser.py``):
 ``ARDenoiserInputs.batch`` gives (ids, attention, token types, starts, cut) with token type 1 on
 the response, and ``model(ids, attention, types, positions=...)`` gives the logits at the
-response positions, so the masked-diffusion training (``denoiser_training.py``) and serving
+response positions, so the masked-diffusion training (``training/denoiser.py``) and serving
 work on either.
 """
 from __future__ import annotations

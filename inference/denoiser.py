@@ -4,7 +4,7 @@ No diffusion LM and no masked-LM head ships with weights on PyPI, so specrag tra
 the offline all-MiniLM-L6-v2 encoder (bidirectional, 512 positions, uncased WordPiece) with
 an MLM head tied to its word embeddings (dense → GELU → LayerNorm → the embedding matrix
 transposed + a bias, as BERT's), trained with the masked-diffusion objective
-(``denoiser_training.py``).
+(``training/denoiser.py``).
 
 One sequence: ``[CLS] context [SEP] response [SEP]`` with token types 0 (context) and 1
 (response). The response window holds the answer's tokens and then ``[SEP]`` to its end (the

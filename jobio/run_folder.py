@@ -80,6 +80,12 @@ DATASTORE = RunLayout("build-datastore", (("a datastore", MANIFEST_FILE),), None
                       unit="passages")
 
 
+def slug(label: str) -> str:
+    """A folder name for a label (stable, readable): a suite's dataset and method labels."""
+    import re
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "run"
+
+
 def _name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
@@ -381,4 +387,4 @@ def rows_not_contained(earlier: list[str], files: list[str]) -> list[str]:
 
 __all__ = ["ANSWER", "ASIDE", "DATASTORE", "EXTRACT_TRIPLETS", "EarlierRun", "FAILED", "IDENTITY_FILE", "INDEX",
            "INPUTS_FILE", "LEASE_FILE", "MANIFEST_FILE", "RunFailed", "RunFolder", "RunLayout", "failure_share",
-           "identity_differences", "input_contents", "read_json", "reconciliation_line", "rows_not_contained"]
+           "identity_differences", "input_contents", "read_json", "reconciliation_line", "rows_not_contained", "slug"]

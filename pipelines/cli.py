@@ -130,7 +130,7 @@ def cmd_synthesize_rationales(args, flags) -> int:
 
 
 def cmd_train_drafter(args, extra) -> int:
-    from specrag.inference.drafter_training import DrafterTrainingConfig
+    from specrag.training.drafter import DrafterTrainingConfig
     from specrag.pipelines.drafter import run_train_drafter
     from specrag.pipelines.training_inputs import TrainingInputFailed
     config = DrafterTrainingConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
@@ -153,7 +153,7 @@ def cmd_train_drafter(args, extra) -> int:
 
 def cmd_train_utility(args, extra) -> int:
     from specrag.pipelines.utility import run_train_utility
-    from specrag.retrieval.utility_predictor import UtilityTrainingConfig
+    from specrag.training.utility_predictor import UtilityTrainingConfig
     config = UtilityTrainingConfig(epochs=args.epochs, learning_rate=args.learning_rate,
                                    head_learning_rate=args.head_learning_rate,
                                    batch_queries=args.batch_queries, max_units=args.max_units,
@@ -176,7 +176,7 @@ def cmd_train_utility(args, extra) -> int:
 
 
 def cmd_train_denoiser(args, extra) -> int:
-    from specrag.inference.denoiser_training import DenoiserTrainingConfig, adapts_ar_model
+    from specrag.training.denoiser import DenoiserTrainingConfig, adapts_ar_model
     from specrag.pipelines.denoiser import run_train_denoiser
     config = DenoiserTrainingConfig(corpus_steps=args.corpus_steps, trace_epochs=args.trace_epochs,
                                     batch_size=args.batch_size, learning_rate=args.learning_rate,

@@ -47,7 +47,7 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
     first ``limit`` questions taken, the index built from ``corpus`` once."""
     import pyarrow as pa
     from specrag.pipelines.build_index import run_build_index
-    from specrag.pipelines.demo import write_demo_tables
+    from specrag.importers.demo import write_demo_tables
     from specrag.jobio.files import read_parquet
     from specrag.jobio.inputs import expand_inputs
     here = workdir / "data" / slug(dataset.name)

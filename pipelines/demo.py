@@ -6,32 +6,9 @@ RaLMSpec as Beam answer jobs, then the comparison table printed and the HTML rep
 """
 from __future__ import annotations
 
-import json
 import shutil
 from importlib import resources
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from specrag.schemas.tables import PASSAGES, QUERIES
-
-
-def write_demo_tables(workdir: Path) -> tuple[Path, Path]:
-    """The bundled demo JSONL → queries.parquet and corpus.parquet in ``workdir``."""
-    data = resources.files("specrag.pipelines") / "demo_data"
-    workdir.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for name, schema in (("queries", QUERIES), ("corpus", PASSAGES)):
-        rows = [json.loads(line) for line in (data / f"{name}.jsonl").read_text().splitlines() if line]
-        for r in rows:
-            if name == "queries":
-                r.setdefault("metadata", "{}")
-        path = workdir / f"{name}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
-        out[name] = path
-    return out["queries"], out["corpus"]
-
 
 DEMO_SUITE = "demo.yaml"
 

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-from specrag.inference.denoiser_training import BASE_MODEL
+from specrag.training.denoiser import BASE_MODEL
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
@@ -103,7 +103,7 @@ def build_traces(queries: Sequence[dict], retriever, config, *, top_k: int = 7, 
     ``grounded_only``, only those whose answer (other than yes/no) occurs in the evidence as cut
     to ``passage_words``: the denoiser learns to copy from its facts, not to guess."""
     from transformers import AutoTokenizer
-    from specrag.inference.denoiser_training import TraceExample
+    from specrag.training.denoiser import TraceExample
     from specrag.inference.models import materialise
     from specrag.methods.prompts import sardi_prompt
     from specrag.methods.sardi import evidence
@@ -177,7 +177,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     from specrag.schemas.validation import validate_query
     refuse_existing_model(out_dir, overwrite)
     from specrag.evaluation.splits import load_split, split_fingerprint
-    from specrag.inference.denoiser_training import train_denoiser
+    from specrag.training.denoiser import train_denoiser
     from specrag.retrieval.index import open_retriever
     from specrag.jobio.files import read_parquet
     from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
@@ -202,7 +202,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
         passages = passages[:max_passages]
     probe = None
     if probe_questions and not config.stop_at_step:  # a replay keeps its recorded step: nothing to choose
-        from specrag.inference.denoiser_training import split_held_out
+        from specrag.training.denoiser import split_held_out
         held = {t.id for t in split_held_out(traces, config.held_out, config.seed)[1]}
         probed = [r for r in rows if r["id"] in held][:probe_questions]
         probe = answer_probe(probed, retriever, config, top_k=top_k, passage_words=passage_words) if probed else None

@@ -5,7 +5,7 @@ runtime as ``answer`` (engine per worker, micro-batched teacher calls, dead lett
 progress), then its typed traces (ids and generated text) joined with the questions and the
 passages into ``rationales.parquet`` (the kept examples, the training table) and
 ``synthesis.json`` (kept and filtered counts by reason). train-drafter tunes the
-drafter on them (inference/drafter_training.py) and saves a model folder any run names with
+drafter on them (training/drafter.py) and saves a model folder any run names with
 ``--model drafter=FOLDER``.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def write_rationales(run_dir: str, queries: str, index: str) -> dict:
 
 def validate_rationale(row: dict, evaluation: frozenset[str]):
     """A kept rationale row as a DrafterExample (the Draft prompt rebuilt from its subset)."""
-    from specrag.inference.drafter_training import DrafterExample
+    from specrag.training.drafter import DrafterExample
     from specrag.methods.prompts import build_prompt
     from specrag.retrieval.base import Hit
     from specrag.schemas.validation import RowError
@@ -107,7 +107,7 @@ def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overw
     """Train from rationale tables; a folder already trained from the same content is reused.
     Rows that cannot be used (or hold an evaluation id) are dead letters beside the model."""
     from specrag.evaluation.splits import evaluation_ids
-    from specrag.inference.drafter_training import cached_report, content_key, train_drafter
+    from specrag.training.drafter import cached_report, content_key, train_drafter
     from specrag.inference.models import model_identity
     from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows, training_tables
     from specrag.jobio.inputs import dataset_fingerprint

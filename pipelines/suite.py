@@ -34,10 +34,11 @@ checked when the suite loads, before any job runs.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from specrag.jobio.run_folder import slug  # noqa: F401 (a suite's run folders are named by it)
 
 REPEATED_FLAGS = ("model", "set")
 RESERVED_FLAGS = ("queries", "output", "method", "resume", "overwrite", "index")  # the suite sets these
@@ -148,11 +149,6 @@ class Suite:
                 for v in _as_list(value):
                     args += [flag, _flag_value(v)]
         return args
-
-
-def slug(label: str) -> str:
-    """A folder name for a label (stable, readable)."""
-    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "run"
 
 
 def load_suite(path: str | Path) -> Suite:

@@ -4,7 +4,7 @@ label-utility is a Beam job: the ``aed-label`` method through the same runtime a
 (engine per worker, micro-batched ``score`` calls, dead letters, resume), then its typed
 traces flattened into one labels table: a row per (training question, unit) with the unit's
 text and its contrastive perplexity. train-utility distils those labels into the predictor
-(retrieval/utility_predictor.py) and saves it as a model folder any run can name with
+(training/utility_predictor.py) and saves it as a model folder any run can name with
 ``--model utility=FOLDER``.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def run_train_utility(labels: str, out_dir: str, config, threads: int = 1, *, ov
     """Train from label tables; the untrained baseline for the ranking check is MiniLM similarity.
     Label rows that cannot be used are dead letters beside the model (pipelines/training_inputs.py)."""
     from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows, validate_label
-    from specrag.retrieval.utility_predictor import load_labels, similarity_scorer, train_utility_predictor
+    from specrag.training.utility_predictor import load_labels, similarity_scorer, train_utility_predictor
     from specrag.transforms.runtime import load_backend
     from specrag.jobio.inputs import dataset_fingerprint
     refuse_existing_model(out_dir, overwrite)

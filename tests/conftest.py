@@ -37,7 +37,7 @@ def imported(data_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_tables(tmp_path_factory):
-    from specrag.pipelines.demo import write_demo_tables
+    from specrag.importers.demo import write_demo_tables
     return write_demo_tables(tmp_path_factory.mktemp("demo"))
 
 
@@ -271,7 +271,7 @@ def tiny_llama_folder(tmp_path_factory) -> Path:
 def adapted_denoiser_folder(folder, base):
     """A causal LM (here the tiny random Llama) adapted as train-denoiser --base adapts one, untrained."""
     from specrag.inference.ar_denoiser import new_ar_denoiser
-    from specrag.inference.denoiser_training import DenoiserReport, DenoiserTrainingConfig, save_trained
+    from specrag.training.denoiser import DenoiserReport, DenoiserTrainingConfig, save_trained
     model, tokenizer = new_ar_denoiser(base)
     save_trained(model, tokenizer, DenoiserTrainingConfig(response_tokens=8, max_positions=64), DenoiserReport(),
                  folder, str(base), True, {})

@@ -17,7 +17,7 @@ from specrag.methods.base import QueryState
 from specrag.methods.prompts import aed_prompt
 from specrag.retrieval.base import Hit
 from specrag.retrieval.triplets import Triplet
-from specrag.retrieval.utility_predictor import (LabelledQuery, informative, spearman, split_held_out,
+from specrag.training.utility_predictor import (LabelledQuery, informative, spearman, split_held_out,
                                                  teacher_distribution, top_units)
 
 
@@ -362,7 +362,7 @@ def trained_predictor(training_labels):
     import json as _json
     from conftest import REPO, cached_fixture
     from specrag.pipelines.utility import run_train_utility
-    from specrag.retrieval.utility_predictor import UtilityTrainingConfig
+    from specrag.training.utility_predictor import UtilityTrainingConfig
     config = UtilityTrainingConfig(epochs=6, batch_queries=4, max_length=128, held_out=0.25, seed=3, threads=2)
 
     def build(out):
@@ -376,7 +376,7 @@ def trained_predictor(training_labels):
 
     parts = [(training_labels / "labels.parquet").read_bytes(),
              _json.dumps(dataclasses.asdict(config), sort_keys=True, default=str).encode()]
-    parts += [(REPO / f).read_bytes() for f in ("retrieval/utility_predictor.py", "inference/cross_encoder.py",
+    parts += [(REPO / f).read_bytes() for f in ("training/utility_predictor.py", "inference/cross_encoder.py",
                                                  "pipelines/utility.py")]
     cached = cached_fixture("aed_predictor", parts, build)
     return cached / "model", config, _json.loads((cached / "report.json").read_text())

@@ -50,7 +50,7 @@ def test_the_response_is_seen_bidirectionally_and_the_prompt_causally(adapted):
 
 def test_masked_diffusion_training_lowers_the_loss(adapted):
     import copy
-    from specrag.inference.denoiser_training import diffusion_loss
+    from specrag.training.denoiser import diffusion_loss
     model, inputs = copy.deepcopy(adapted[0]), adapted[1]  # the other tests keep the untrained model
     rows = [(inputs.context_ids(q), inputs.response_ids(a, 8)) for q, a in
             [("Capital of France?", "### Paris"), ("Author of Hamlet?", "### William Shakespeare"),
@@ -75,7 +75,7 @@ def test_a_saved_adapted_denoiser_is_served_by_the_denoise_operation(adapted, tm
     """The model folder (weights, tokenizer, card with its family) loads in the local backend's
     denoise(), which gives the in-memory model's argmax at the masked positions and keeps the
     committed ones."""
-    from specrag.inference.denoiser_training import DenoiserReport, DenoiserTrainingConfig, save_trained
+    from specrag.training.denoiser import DenoiserReport, DenoiserTrainingConfig, save_trained
     from specrag.inference.local import LocalDenoiser, LocalModelConfig
     from specrag.inference.types import DenoiseRequest
     model, inputs = adapted
@@ -122,7 +122,7 @@ def test_prompt_keys_and_values_are_reused_and_give_the_full_forwards_logits(ada
 
 def _toy_training(tmp_path, probe, **settings):
     """MiniLM (the small test denoiser) on a few synthetic traces: orchestration, not quality."""
-    from specrag.inference.denoiser_training import ENCODER_BASE, DenoiserTrainingConfig, TraceExample, train_denoiser
+    from specrag.training.denoiser import ENCODER_BASE, DenoiserTrainingConfig, TraceExample, train_denoiser
     facts = [("Paris", "France"), ("Rome", "Italy"), ("Madrid", "Spain"), ("Berlin", "Germany"), ("Lisbon", "Portugal"),
              ("Vienna", "Austria"), ("Athens", "Greece"), ("Dublin", "Ireland"), ("Oslo", "Norway"), ("Bern", "Switzerland")]
     traces = [TraceExample(f"q{i}", f"Question: capital of {c}? Facts: {city} is the capital of {c}.",
@@ -138,7 +138,7 @@ def test_checkpoints_keep_the_best_stop_early_and_resume_where_a_killed_run_stop
     checkpoint resumes from it and ends with the uninterrupted run's losses and weights."""
     import json
     from safetensors.torch import load_file
-    from specrag.inference.denoiser_training import partial_dir
+    from specrag.training.denoiser import partial_dir
     scores = iter([10.0, 30.0, 20.0, 20.0, 20.0, 20.0])
     report = _toy_training(tmp_path / "a", lambda folder: {"f1": next(scores), "folder": str(folder)}, patience=2)
     assert [c["step"] for c in report.checkpoints] == [1, 2, 3, 4] and report.stopped_early
@@ -179,7 +179,7 @@ def test_a_replay_of_the_kept_step_gives_the_recorded_runs_weights_without_its_p
     """stop_at_step trains straight to a recorded run's best step (the schedule still sized by the
     whole stage), with no checkpoint or probe before it: the weights are the recorded run's."""
     from safetensors.torch import load_file
-    from specrag.inference.denoiser_training import DenoiserTrainingConfig
+    from specrag.training.denoiser import DenoiserTrainingConfig
     scores = iter([10.0, 30.0, 20.0, 20.0])
     recorded = _toy_training(tmp_path / "a", lambda folder: {"f1": next(scores)}, patience=2)
     assert recorded.best_step == 2 and recorded.stopped_early

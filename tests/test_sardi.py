@@ -243,7 +243,7 @@ def trained_denoiser(imported, pooled_bm25):
     import pyarrow.parquet as pq
     from conftest import REPO, cached_fixture
     from specrag.evaluation.splits import load_split
-    from specrag.inference.denoiser_training import ENCODER_BASE, DenoiserTrainingConfig
+    from specrag.training.denoiser import ENCODER_BASE, DenoiserTrainingConfig
     from specrag.pipelines.denoiser import run_train_denoiser
     train = set(load_split("aed_train"))
     rows = []
@@ -266,7 +266,7 @@ def trained_denoiser(imported, pooled_bm25):
 
     parts = [_json.dumps(rows, sort_keys=True, default=str).encode(), (pooled_bm25 / "manifest.json").read_bytes(),
              _json.dumps(dataclasses.asdict(config), sort_keys=True).encode()]
-    parts += [(REPO / f).read_bytes() for f in ("inference/denoiser.py", "inference/denoiser_training.py",
+    parts += [(REPO / f).read_bytes() for f in ("inference/denoiser.py", "training/denoiser.py",
                                                  "pipelines/denoiser.py", "methods/prompts.py")]
     cached = cached_fixture("sardi_denoiser", parts, build)
     return cached / "model", _json.loads((cached / "report.json").read_text())

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specrag.inference.training_state import adamw_with_warmup, load_state, partial_dir, save_state, split_held_out
+from specrag.training.state import adamw_with_warmup, load_state, partial_dir, save_state, split_held_out
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY = 10  # training steps between two progress lines
