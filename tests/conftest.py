@@ -35,6 +35,19 @@ def imported(data_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture
+def chromium(tmp_path) -> list[str]:
+    """Headless Chromium's command line (Debian's package, which `make test` installs), with a
+    fresh profile and the flags that keep it off the network."""
+    import shutil
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("headless Chromium is missing: `make test` installs Debian's chromium package")
+    return [path, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,1400", "--hide-scrollbars"]
+
+
 @pytest.fixture(scope="session")
 def demo_tables(tmp_path_factory):
     from specrag.importers.demo import write_demo_tables

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -348,22 +347,13 @@ def test_compare_runs_reuses_and_checks_on_the_demo_data(tmp_path):
     assert reusable_elsewhere([str(tmp_path / "kept")], manifest["run_fingerprint"], contents[:0]) is None
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        pytest.fail("headless Chromium is missing: `make test` installs Debian's chromium package")
-    return path
-
-
 @pytest.mark.slow
-def test_report_screenshot_in_headless_chromium_shows_tables_and_plot(tmp_path):
+def test_report_screenshot_in_headless_chromium_shows_tables_and_plot(tmp_path, chromium):
     from PIL import Image
     page = tmp_path / "compare.html"
     page.write_text(render_html(_report()))
     shot = tmp_path / "shot.png"
-    args = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1400", "--hide-scrollbars"]
+    args = chromium
     subprocess.run([*args, f"--screenshot={shot}", page.as_uri()], check=True, capture_output=True, timeout=120)
     dom = subprocess.run([*args, "--dump-dom", page.as_uri()], check=True, capture_output=True, text=True,
                          timeout=120).stdout
