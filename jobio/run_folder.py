@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from specrag.jobio.files import (delete, exists, is_local, join, match_files, mkdirs, open_parquet, read_parquet,
-                                 read_text, remove_tree)
+                                 read_text, remove_tree, write_parquet)
 from specrag.jobio.lease import LEASE_FILE, Lease
 
 IDENTITY_FILE = "identity.json"
@@ -281,6 +281,34 @@ class RunFolder:
         if not resume:
             stale += match_files(join(self.path, self.layout.results))
         delete(stale)
+
+    # --- compaction --------------------------------------------------------------------------------
+    def compact(self) -> list[str]:
+        """A finished run's result shards as one file, and its dead-letter shards as one: what a
+        versioned runs folder keeps (a suite's run is hundreds of shards, written as queries finish
+        so that a killed run resumes). Rows keep their order (the first result of an id is still the
+        first) and every row is kept, duplicates included, so reports and reconciliation read the
+        same. A run still being written, stopped mid-overwrite or streaming (its shard names hold
+        their windows) is left as it is. Returns the files written."""
+        manifest = join(self.path, MANIFEST_FILE)
+        if (not exists(manifest) or exists(join(self.path, LEASE_FILE)) or self.pending()
+                or read_json(manifest).get("mode") == "streaming"):
+            return []
+        import pyarrow as pa
+        written = []
+        for pattern in (self.layout.results, self.layout.dead_letters):
+            shards = match_files(join(self.path, pattern))
+            if len(shards) < 2:
+                continue
+            names = [_name(f) for f in shards]
+            attempts = [int(n.split("-")[1]) for n in names if n.split("-")[1].isdigit()]
+            kind = pattern.split("*", 1)[0].rstrip("-")
+            target = join(self.path, f"{kind}-{max(attempts, default=0):03d}-compacted.parquet")
+            table = pa.concat_tables([read_parquet(f) for f in shards], promote_options="default")
+            write_parquet(target, table)  # whole before any shard goes: a kill here duplicates, never loses
+            delete([f for f in shards if f != target])
+            written.append(target)
+        return written
 
     # --- reconcile and judge ---------------------------------------------------------------------
     def reconcile(self, inputs: dict) -> dict:

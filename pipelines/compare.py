@@ -239,6 +239,7 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
                 started = time.time()
                 rec.manifest = run_answer(job)
                 rec.status, rec.wall_s = ("resumed" if resume else "ran"), time.time() - started
+                RunFolder(out, ANSWER).compact()  # a finished run is kept as one results file, not its shards
                 print(f"{step}: done in {rec.wall_s:.1f} s", flush=True)
             except (RunFailed, ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError) as e:
                 rec.status, rec.error = "failed", f"{type(e).__name__}: {e}"

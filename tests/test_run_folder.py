@@ -214,3 +214,25 @@ def test_the_folder_rules_are_one_object_for_every_job():
         for rule in ("already holds", ".replaced-", "set_aside", "def check_resumable", "def reconcile"):
             assert rule not in text, f"pipelines/{name} holds its own {rule!r}"
     assert RunFolder("x", ANSWER).layout.results == "results-*.parquet"
+
+
+def test_a_finished_run_compacts_to_one_results_file_that_reads_the_same(tmp_path):
+    """What a versioned runs folder keeps: one results file and one dead-letters file per run."""
+    from specrag.evaluation.report import evaluate_run
+    rows = [{"id": f"q{i}", "question": f"capital {i}", "answers": [f"CAPITAL {i}" if i % 2 else "x"],
+             "task_type": "short_form", "dataset": "toy"} for i in range(5)] + [{"id": "b", "question": " "}]
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=QUERIES), queries)
+    out = tmp_path / "out"
+    manifest = run_answer(_job(queries, out, shard_rows=1))
+    assert len(list(out.glob("results-*.parquet"))) == 5
+    before = evaluate_run(str(out), str(queries))
+    folder = RunFolder(str(out), ANSWER)
+    assert [Path(p).name for p in folder.compact()] == ["results-000-compacted.parquet"]  # one dead letter: one file
+    assert len(list(out.glob("results-*.parquet"))) == 1 and len(list(out.glob("dead_letters-*.parquet"))) == 1
+    after = evaluate_run(str(out), str(queries))
+    assert after["rows"] == before["rows"] and after["coverage"] == before["coverage"]
+    assert folder.reconcile(manifest["inputs"]) == manifest["reconciliation"]
+    again = run_answer(_job(queries, out, resume=True))  # a compacted run resumes as any other
+    assert again["resumed"] == {"attempt": 1, "skipped_finished": 5}
+    assert folder.compact() == []  # nothing left to join
