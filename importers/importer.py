@@ -11,8 +11,16 @@ from specrag.importers.formats import FORMATS
 from specrag.schemas.tables import PASSAGES, QUERIES
 
 
-def import_datasets(data_dir: Path, names: list[str], out_dir: Path, pool: bool = False) -> dict:
-    """Convert each named dataset; returns counts per dataset (and of the pooled corpus)."""
+def import_datasets(data_dir: Path, names: list[str], out_dir: Path, pool: bool = False, limit: int = 0) -> dict:
+    """Convert each named dataset; returns counts per dataset (and of the pooled corpus). With
+    ``limit``, only each set's first N questions (in its file's order) and their passages.
+
+    Example usage::
+
+        import_datasets(Path("../shared/data"), ["popqa"], Path("data"), limit=20)
+    """
+    if limit < 0:
+        raise ValueError(f"--limit must be >= 0 (0: every question), got {limit}")
     unknown = [n for n in names if n not in FORMATS]
     if unknown:
         raise ValueError(f"unknown dataset(s) {unknown}; known: {', '.join(sorted(FORMATS))}")
@@ -25,6 +33,8 @@ def import_datasets(data_dir: Path, names: list[str], out_dir: Path, pool: bool 
             raise FileNotFoundError(f"{name}: no folder {folder} (is --data-dir right?)")
         queries, corpus = [], {}
         for q, passages in FORMATS[name].convert(folder):
+            if limit and len(queries) == limit:
+                break
             queries.append(q)
             for p in passages:
                 corpus.setdefault(p["id"], p)

@@ -21,7 +21,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.utils.shared import Shared
 
 from specrag.methods.base import Method, QueryState
-from specrag.schemas.tables import DEAD_LETTERS
+from specrag.schemas.tables import DEAD_LETTERS, QUERY_COLUMNS
 from specrag.schemas.validation import validate_query
 from specrag.jobio.files import exists, join, read_text, write_text
 from specrag.jobio.run_folder import (ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFailed, RunFolder,  # noqa: F401
@@ -32,7 +32,7 @@ from specrag.pipelines.options import (AnswerOptions, OutputOptions, ReplaceOpti
                                        job_options, new_pipeline)
 from specrag.pipelines.streaming import check_streaming_input, run_streaming_answer
 from specrag.transforms.parquet_io import ReadParquetRows
-from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
+from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
 from specrag.transforms.counters import count_dead_letter, count_element, counted_result_row
@@ -81,7 +81,7 @@ class AnswerJob:
         if self.stream is not None:
             self.stream.validate()  # an unbounded source may hold no file yet
         else:
-            expand_inputs(self.queries)
+            expand_tables(self.queries, QUERY_COLUMNS, "queries")
 
 
 def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list[str] = (),

@@ -25,12 +25,12 @@ from specrag.pipelines.manifest import write_manifest
 from specrag.pipelines.options import new_pipeline
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.datastore import KINDS, write_datastore
-from specrag.schemas.tables import DEAD_LETTERS
+from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS
 from specrag.schemas.validation import validate_passage
 from specrag.jobio import files
 from specrag.jobio.run_folder import DATASTORE, RunFolder
 from specrag.transforms.parquet_io import ReadParquetRows
-from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
+from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
 from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
 from specrag.transforms.runtime import load_backend
 from specrag.transforms.validate import ValidateRows
@@ -122,6 +122,7 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     """Build KNN-LM's datastore in ``out_dir``; returns the job manifest. An existing datastore is
     replaced only with ``overwrite`` (and comes back if the rebuild fails); raises RunFailed, the
     datastore written, when more passages than ``max_failure_fraction`` ended as dead letters."""
+    expand_tables(corpus, PASSAGE_COLUMNS, "corpus")  # before the folder is touched
     folder = RunFolder(str(out_dir), DATASTORE)
     with folder.writing(overwrite=overwrite):
         manifest = _build_datastore(corpus, str(out_dir), model=model, max_tokens=max_tokens, max_entries=max_entries,

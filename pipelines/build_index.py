@@ -29,13 +29,13 @@ from specrag.pipelines.manifest import write_manifest
 from specrag.pipelines.options import new_pipeline
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
-from specrag.schemas.tables import DEAD_LETTERS, PASSAGES
+from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS, PASSAGES
 from specrag.schemas.validation import validate_passage
 from specrag.jobio import files
 from specrag.jobio.run_folder import INDEX, RunFolder
 from specrag.transforms.model_handler import BackendModelHandler
 from specrag.transforms.parquet_io import ReadParquetRows
-from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
+from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
 from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
 from specrag.transforms.validate import MARK_FIELD, ReadIds, ValidateRows
 
@@ -113,6 +113,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
 
         run_build_index("corpus.parquet", "index/", ["bm25", "dense"])
     """
+    expand_tables(corpus, PASSAGE_COLUMNS, "corpus")  # before the folder is touched
     folder = RunFolder(str(index_dir), INDEX)
     with folder.writing(overwrite=overwrite):
         manifest = _build_index(corpus, str(index_dir), kinds, embedder=embedder, num_threads=num_threads,

@@ -34,7 +34,7 @@ from specrag.pipelines.options import (beam_args_from_flags, job_options, unpars
 def cmd_import_data(args, extra) -> int:
     from specrag.importers import FORMATS, import_datasets
     names = list(FORMATS) if args.datasets == "all" else args.datasets.split(",")
-    summary = import_datasets(Path(args.data_dir), names, Path(args.out), pool=args.pool)
+    summary = import_datasets(Path(args.data_dir), names, Path(args.out), pool=args.pool, limit=args.limit)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -311,9 +311,12 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specrag", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    from specrag.importers import FORMATS
     p = sub.add_parser("import-data", help="native benchmark formats → queries/corpus Parquet")
     p.add_argument("--data-dir", default=os.environ.get("SPECRAG_DATA", "../shared/data"))
-    p.add_argument("--datasets", default="all", help="comma-separated names, or all")
+    p.add_argument("--datasets", default="all", help=f"comma-separated names, or all: {', '.join(FORMATS)}")
+    p.add_argument("--limit", type=int, default=0, help="only the first N questions of each set, and their "
+                                                        "passages (default: all)")
     p.add_argument("--out", required=True)
     p.add_argument("--pool", action="store_true", help="also write one deduplicated pooled corpus")
     p.set_defaults(fn=cmd_import_data)
@@ -472,8 +475,13 @@ def _filesystem_options(flags: list[str], paths: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    """``specrag COMMAND ...``; ``--verbose`` anywhere brings back the libraries' INFO logging
+    (a successful run otherwise prints its progress lines and result only)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     args, extra = parser().parse_known_args(argv)
     left = unparsed_beam_args(extra)  # Beam's own flags pass, in both of its forms
     stray = [a for a in left if not a.startswith("-")]

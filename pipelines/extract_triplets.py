@@ -19,11 +19,11 @@ from apache_beam.ml.inference.base import RunInference
 from specrag.jobio.run_folder import EXTRACT_TRIPLETS, IDENTITY_FILE, RunFailed, RunFolder
 from specrag.pipelines.manifest import job_counters, write_manifest
 from specrag.pipelines.options import new_pipeline
-from specrag.schemas.tables import DEAD_LETTERS
+from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS
 from specrag.schemas.validation import validate_passage
 from specrag.jobio.files import delete, join, match_files, read_parquet, write_text
 from specrag.transforms.parquet_io import ReadParquetRows
-from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
+from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
 from specrag.transforms.triplets import (NAMESPACE, ExtractorConfig, TripletModelHandler, WriteTripletShards,
@@ -109,6 +109,7 @@ def run_extract_triplets(job: ExtractJob) -> dict:
     passages this attempt handled exceeds ``max_failure_fraction``."""
     job.validate()
     identity = {"job": "extract-triplets", **job.extractor.identity()}
+    expand_tables(job.corpus, PASSAGE_COLUMNS, "corpus")  # before the folder is touched
     folder = RunFolder(job.output, EXTRACT_TRIPLETS)
     if job.resume:
         folder.check_resumable(identity)

@@ -12,9 +12,19 @@ from specrag.retrieval.base import DocStore, Hit, passage_text
 K1, B = 0.9, 0.4  # Anserini/pyserini defaults, so bm25s and Lucene rank alike
 
 
-def _tokenize(texts: Sequence[str]) -> list[list[str]]:
+def _bm25s():
+    """bm25s, imported on first use; it sets its own logger to DEBUG on import, which would print
+    "Building index from tokens" into every build's console: back to the level the command chose."""
+    import logging
+
     import bm25s
+    logging.getLogger("bm25s").setLevel(logging.NOTSET)
+    return bm25s
+
+
+def _tokenize(texts: Sequence[str]) -> list[list[str]]:
     import Stemmer
+    bm25s = _bm25s()
     stemmer = Stemmer.Stemmer("english")
     return bm25s.tokenize(list(texts), stopwords="en", stemmer=stemmer, return_ids=False,
                           show_progress=False)
@@ -22,7 +32,7 @@ def _tokenize(texts: Sequence[str]) -> list[list[str]]:
 
 def build_bm25(store: DocStore, out_dir: Path, k1: float = K1, b: float = B) -> dict:
     """Index every passage of the store (row order = bm25s document index)."""
-    import bm25s
+    bm25s = _bm25s()
     tokens = _tokenize([passage_text(t, x) for t, x in zip(store.titles, store.texts)])
     index = bm25s.BM25(k1=k1, b=b, method="lucene")
     index.index(tokens, show_progress=False)
@@ -53,7 +63,7 @@ class BM25Retriever:
     kind = "bm25"
 
     def __init__(self, index_dir: Path, store: DocStore):
-        import bm25s
+        bm25s = _bm25s()
         self.store = store
         self.index = bm25s.BM25.load(str(index_dir), show_progress=False, verbosity=0)
         self.vocab = self.index.vocab_dict

@@ -28,6 +28,10 @@ QUERIES = pa.schema([
     pa.field("metadata", pa.string()),  # JSON object
 ])
 
+# the columns a user's table must have (the others are optional): checked at start, naming the file
+QUERY_COLUMNS = ("id", "question")
+PASSAGE_COLUMNS = ("id", "text")
+
 PASSAGES = pa.schema([
     pa.field("id", pa.string(), nullable=False),
     pa.field("title", pa.string()),

@@ -275,7 +275,8 @@ def test_an_index_folder_is_checked_at_start(demo_index, tmp_path, capsys):
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
     # and build-index does not replace an index without --overwrite
     before = sorted(p.name for p in broken.iterdir())
-    assert main(["build-index", "--corpus", str(tmp_path / "q.parquet"), "--index", str(broken)]) == 2
+    pq.write_table(pa.Table.from_pylist([{"id": "p", "text": "a passage"}]), tmp_path / "c.parquet")
+    assert main(["build-index", "--corpus", str(tmp_path / "c.parquet"), "--index", str(broken)]) == 2
     assert "already holds an index: pass --overwrite to rebuild it" in capsys.readouterr().err
     assert sorted(p.name for p in broken.iterdir()) == before
 
