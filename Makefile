@@ -89,7 +89,7 @@ compare-smoke: install
 
 test-fast: install
 	mkdir -p .tmp
-	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m "not slow"
+	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m "not slow and not full"
 
 # the issues' acceptance sizes (e.g. 64 PopQA questions on three runners): about 25 minutes more
 test-full: install install-triton install-verifier

@@ -1,6 +1,7 @@
 """Random malformed query files through the answer job (hypothesis): whatever the rows hold —
 missing fields, wrong types, huge strings, invalid UTF-8, NaN, nested junk, duplicate or missing
-ids — the job does not crash and every input row ends in exactly one of results or dead letters.
+ids — the job does not crash and every input row ends in exactly one of results or dead letters;
+a file with no question column at all is refused in one line before anything is written.
 The fast echo method stands in for a model: the claim is about validation and bookkeeping."""
 import math
 
@@ -66,6 +67,12 @@ def test_malformed_rows_never_crash_the_job_and_every_row_is_accounted_for(table
         pq.write_table(table, folder / f"part-{i}.parquet")
     total = sum(t.num_rows for t in tables)
     out = folder / "out"
+    if any("question" not in t.column_names for t in tables):  # a whole file without the column: one line
+        with pytest.raises(ValueError, match=r"lacks column question \(it has: id"):
+            run_answer(AnswerJob(str(folder / "part-*.parquet"), str(out), Echo(MethodConfig()),
+                                 RuntimeConfig(models=()), max_failure_fraction=1.0))
+        assert not out.exists() or not list(out.iterdir())  # refused before anything is written
+        return
     run_answer(AnswerJob(str(folder / "part-*.parquet"), str(out), Echo(MethodConfig()), RuntimeConfig(models=()),
                          max_failure_fraction=1.0))
     read = lambda name: [r for f in sorted(out.glob(f"{name}-*.parquet")) for r in pq.read_table(f).to_pylist()]  # noqa: E731

@@ -186,8 +186,11 @@ def test_extract_triplets_job_writes_sets_dead_letters_and_resumes(tmp_path):
     from specrag.pipelines.extract_triplets import ExtractionFailed
     again = run_extract_triplets(ExtractJob(corpus, str(out), config, resume=True))
     assert again["passages"] == 0 and again["resumed"]["skipped_finished"] == 3
-    assert again["over_the_run"] == {"passages": 3, "dead_letters": 2}
-    with pytest.raises(ExtractionFailed, match="2 of 5 passages of the run ended as dead letters"):
+    run = again["over_the_run"]
+    assert (run["passages"], run["dead_letters"]) == (3, 2)
+    assert run["reconciliation"] == {"input_rows": 5, "results": 3, "dead_letters": 2, "unreadable_files": 0,
+                                     "lost": 0, "duplicated": 0}
+    with pytest.raises(ExtractionFailed, match="2 of 5 passages ended as dead letters .* over every attempt of the run"):
         run_extract_triplets(ExtractJob(corpus, str(out), config, resume=True, max_failure_fraction=0.3))
     assert not (out / "triplets-99999999999999999999-deadbeef.parquet").exists()
     assert TripletStore.open(str(out)).sets == store.sets
