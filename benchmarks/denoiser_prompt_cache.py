@@ -55,7 +55,8 @@ def main() -> None:
     import torch
     from specrag.inference.ar_denoiser import new_ar_denoiser
     from specrag.training.denoiser import DenoiserReport, DenoiserTrainingConfig, save_trained
-    from specrag.inference.local import LocalDenoiser, LocalModelConfig
+    from specrag.inference.local_base import LocalModelConfig
+    from specrag.inference.local_denoiser import LocalDenoiser
     from specrag.inference.models import materialise
     from specrag.inference.types import DenoiseRequest
     from specrag.methods.prompts import sardi_prompt

@@ -129,7 +129,7 @@ def knnlm_rows(args, work: Path, data: Path, queries: list[dict]) -> list[dict]:
             for label, name, extra in KNNLM_VARIANTS:
                 lm.clear_prefix_cache()
                 method = create_method(name, k=k, max_new_tokens=args.knnlm_tokens, **extra)
-                lat, states = serve(Services(models={"generator": lm}, datastore=store), method,
+                lat, states = serve(Services(models={"generator": lm}, resources={"datastore": store}), method,
                                     queries[: args.knnlm_questions], f"knnlm {kind} k={k} {label}",
                                     cache_file(work / "measured-knnlm" / f"{folder.name}-{kind}", args.dataset, method,
                                                f"{args.dtype}-pc{args.prefix_cache_mb}", args.threads))

@@ -32,6 +32,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+from specrag.inference.engine import ModelBackend  # noqa: E402 (after the thread settings)
+
 RESULTS = Path(__file__).resolve().parent / "results" / "soak.md"
 MARKS = (0.1, 0.5, 1.0)
 
@@ -48,7 +50,7 @@ def rss_mb() -> float:
     return float("nan")
 
 
-class InstantGenerator:
+class InstantGenerator(ModelBackend):
     """The generator role without a model: a fixed short answer per request, at once. Records
     the peak RSS when the share of queries it has answered first reaches each mark."""
 

@@ -67,12 +67,34 @@ class EngineConfig:
             raise ValueError("max_wait_s and queue_timeout_s must be >= 0, stage_timeout_s > 0")
 
 
+@dataclass(frozen=True)
+class BackendSettings:
+    """What a backend is opened with (``ModelBackend.open``); each backend takes the parts it uses."""
+
+    num_threads: int = 1
+    dtype: str = "float32"
+    triton: Any = None  # a TritonConfig: where the models are served (backend "triton")
+    prefix_cache_mb: int = 0  # prefix KV reuse of a local causal LM, MiB per model and process
+
+
 class ModelBackend(Protocol):
     """What a model backend offers: the operations in ``capabilities`` (a subset of
-    ``capabilities.OPERATIONS``), each a batched call."""
+    ``capabilities.OPERATIONS``), each a batched call. Backends subclass it for its defaults.
+
+    ``supports_row_errors``: the backend's calls take ``return_exceptions=True`` and then put a
+    failed row's exception in its place of the result list (one bad row fails alone).
+    ``max_inflight_batches``: batches the engine may send at once (a local model runs one at a
+    time, its torch threads do the parallel work; a server takes several)."""
 
     name: str
     capabilities: frozenset[str]
+    supports_row_errors: bool = False
+    max_inflight_batches: int = 1
+
+    @classmethod
+    def open(cls, model: str, settings: BackendSettings) -> "ModelBackend":
+        """The backend of a registered name (``registry.BACKENDS``) for one model."""
+        raise NotImplementedError(f"{cls.__name__} cannot be opened by name")
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]: ...
     def score(self, requests: list[ScoreRequest]) -> list[Scored]: ...
@@ -80,20 +102,31 @@ class ModelBackend(Protocol):
 
 
 class SearchBackend(Protocol):
+    """A retriever as the engine calls it. ``embeds_queries``: each search embeds its queries
+    (a dense index), counted as embed calls in the trace."""
+
+    embeds_queries: bool = False
+
     def search(self, queries: list[str], k: int) -> list[list["Any"]]: ...
+    def score(self, query: str, doc_ids: Sequence[str]) -> list[float]: ...
 
 
 @dataclass
 class Services:
-    """The backends one engine talks to: models by role, and one retriever."""
+    """The backends one engine talks to: models by role, one retriever, and the resources a
+    method reads through its own services (e.g. ``"datastore"``: KNN-LM's token-level index,
+    ``"triplets"``: AED-RAG's triplet sets), by name."""
 
     models: dict[str, ModelBackend] = field(default_factory=dict)
     retriever: SearchBackend | None = None
-    datastore: Any = None  # a KNN-LM Datastore (token-level retrieval)
-    triplets: Any = None  # a TripletStore: passage id -> its triplet set (AED-RAG)
+    resources: dict[str, Any] = field(default_factory=dict)
 
 
-DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")
+# what a user passes to provide a resource a method reads
+RESOURCE_HINTS = {
+    "datastore": "this method retrieves per token, but no KNN-LM datastore was configured (--datastore)",
+    "triplets": "this method reads triplet sets: pass --triplets (built by `specrag extract-triplets`)",
+}
 
 
 class StageTimeout(TimeoutError):
@@ -195,6 +228,29 @@ class Context:
     def _busy(self, kind: str):
         return self._scope.clock.busy(kind, CALLS)
 
+    # -- the primitives a method's own services build on -----------------------------------
+    async def call(self, op: str, target: str, items: Sequence[Any], timing: str, k: int | None = None,
+                   lane: str | None = None) -> list[Any]:
+        """``target.op`` over ``items`` (a model role or a resource name), each item one row of a
+        micro-batch shared with other queries; the wait counts as ``timing`` in the trace.
+        ``k`` is passed to the call (a search's depth); ``lane``: a thread of its own, so a
+        cheap call never queues behind a slow one on the same target."""
+        batcher = self._engine.batcher(op, target, k, lane)
+        with self._busy(timing):
+            return list(await asyncio.gather(*(batcher.submit(item) for item in items)))
+
+    def timed(self, timing: str):
+        """Count a block computed in place (no batch) as ``timing``: ``with ctx.timed("retrieval_s"):``."""
+        return self._busy(timing)
+
+    def resource(self, name: str) -> Any:
+        """A resource of the services (``Services.resources``), or one line naming what provides it."""
+        return self._engine.resource(name)
+
+    def model(self, role: str) -> ModelBackend:
+        """The backend of a model role, for what is not a batched call (vocabulary, special ids)."""
+        return self._engine.model(role)
+
     async def generate(self, request: GenerateRequest, model: str = "generator") -> Generation:
         with self._busy("generation_s"):
             out = await self._engine.batcher("generate", model).submit(request)
@@ -245,16 +301,6 @@ class Context:
         self.trace.count("prompt_tokens", out.context_tokens + len(out.argmax))
         return out
 
-    def mask_id(self, model: str = "denoiser") -> int:
-        """The masked-diffusion model's mask token id."""
-        return int(self._engine.model(model).mask_id)
-
-    def triplet_set(self, passage_id: str) -> tuple:
-        """A passage's triplets (extract-triplets output); KeyError for a passage it never saw."""
-        if self._engine.services.triplets is None:
-            raise RuntimeError("this method reads triplet sets: pass --triplets (built by `specrag extract-triplets`)")
-        return self._engine.services.triplets[passage_id]
-
     async def embed(self, texts: Sequence[str], model: str = "embedder") -> np.ndarray:
         """Embeddings of texts (one row each); every text is one row of a micro-batch."""
         batcher = self._engine.batcher("embed", model)
@@ -273,17 +319,6 @@ class Context:
         self._record_hits(stage, query, hits)
         return hits
 
-    async def score_docs(self, query: str, doc_ids: Sequence[str]) -> list[float]:
-        """The retriever's own scores of given documents (a speculation cache ranks with them).
-
-        Batched across queries in a thread of its own, so a cache lookup never queues behind
-        a slow index search running at the same time (asynchronous verification).
-        """
-        with self._busy("retrieval_s"):
-            scores = await self._engine.batcher("score_docs", "retriever-cache").submit((query, tuple(doc_ids)))
-        self.trace.count("cache_hits")
-        return scores
-
     async def next_token(self, request: NextTokenRequest, model: str = "generator") -> NextToken:
         """Hidden state and next-token log-probabilities after a prefix (one LM step, no sampling)."""
         with self._busy("generation_s"):
@@ -293,28 +328,8 @@ class Context:
         self.trace.count("generated_tokens")
         return out
 
-    async def knn(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k nearest datastore entries (ids, squared distances), batched across queries."""
-        with self._busy("retrieval_s"):
-            out = await self._engine.batcher("knn", "datastore", k).submit(vector)
-        self.trace.count("retrieval_calls")
-        return out
-
-    def knn_among(self, vector: np.ndarray, ids: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k nearest of given entries (a speculation cache): small, so computed in place."""
-        with self._busy("retrieval_s"):
-            out = self._engine.datastore().nearest_among(vector, ids, k)
-        self.trace.count("cache_hits")
-        return out
-
     def eos_ids(self, model: str = "generator") -> list[int]:
         return list(self._engine.model(model).eos_ids)
-
-    def datastore(self):
-        return self._engine.datastore()
-
-    def datastore_values(self) -> np.ndarray:
-        return self._engine.datastore().values
 
     def tokenize(self, text: str, model: str = "generator") -> list[int]:
         return self._engine.model(model).tokenize([text])[0]
@@ -333,17 +348,9 @@ class Context:
             self._record_hits(stage, q, hits)
         return list(results)
 
-    async def knn_many(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Several token-level searches as one batch (a KNN-LM verification)."""
-        batcher = self._engine.batcher("knn", "datastore", k)
-        with self._busy("retrieval_s"):
-            results = await asyncio.gather(*(batcher.submit(v) for v in vectors))
-        self.trace.count("retrieval_calls", len(vectors))
-        return list(results)
-
     def _count_query_embeddings(self, n: int) -> None:
         """A dense retriever embeds each query inside its search: those are embed calls too."""
-        if getattr(self._engine.services.retriever, "kind", None) in DENSE_RETRIEVERS:
+        if self._engine.services.retriever.embeds_queries:
             self.trace.count("embed_calls", n)
 
     def _record_hits(self, stage: str, query: str, hits: Sequence[Any]) -> None:
@@ -388,50 +395,54 @@ class Engine:
         self._finalizer = weakref.finalize(self, _stop_loop, self._loop, None, self._executors)
 
     # -- services -------------------------------------------------------------------------
-    def batcher(self, op: str, target: str, k: int | None = None) -> MicroBatcher:
-        key = (op, target, k)
+    def batcher(self, op: str, target: str, k: int | None = None, lane: str | None = None) -> MicroBatcher:
+        """The micro-batcher of ``target.op`` (``target``: a model role, ``"retriever"`` or a
+        resource name). Models batch ``max_batch`` rows (embed and rerank wider) in as many batches
+        at once as the backend takes; a retriever or resource ``retrieval_max_batch``, one at a time."""
+        key = (op, target, k, lane)
         batcher = self._batchers.get(key)
         if batcher is not None:
             return batcher
-        if op == "knn":
-            datastore = self.datastore()
+        if target == "retriever" or target in self.services.resources or target in RESOURCE_HINTS:
+            holder = self.retriever() if target == "retriever" else self.resource(target)
+            call = getattr(holder, op)
             max_batch, inflight = self.config.retrieval_max_batch, 1
-            call = lambda vs: datastore.search(vs, k)  # noqa: E731
-        elif op in ("search", "score_docs"):
-            if self.services.retriever is None:
-                raise RuntimeError("this method retrieves, but no retriever (index) was configured")
-            retriever = self.services.retriever
-            max_batch, inflight = self.config.retrieval_max_batch, 1
-            call = ((lambda qs: retriever.search(qs, k)) if op == "search"
-                    else (lambda pairs: [retriever.score(q, ids) for q, ids in pairs]))
         else:
             backend = self.model(target)
             if op not in backend.capabilities:
                 raise MissingCapability(f"the {target} backend ({backend.name}) does not serve {op} "
                                         f"(it serves {', '.join(sorted(backend.capabilities))})")
             call = getattr(backend, op)
-            if getattr(backend, "supports_row_errors", False):  # one bad row fails alone
+            if backend.supports_row_errors:  # one bad row fails alone
                 call = functools.partial(call, return_exceptions=True)
             max_batch = self.config.max_batch
             if op in ("embed", "rerank"):  # cheap per item: batch wider
                 max_batch = max(max_batch, 64)
                 if op == "embed":
                     call = _embed_rows(call)
-            # a local model runs one batch at a time (torch threads do the parallel work);
-            # a remote server can take several batches in flight
-            inflight = getattr(backend, "max_inflight_batches", 1)
-        # one worker pool per target; retrieval has its own so it overlaps generation
+            inflight = backend.max_inflight_batches
+        if k is not None:
+            call = functools.partial(call, k=k)
+        # one worker pool per target (or lane); retrieval has its own so it overlaps generation
+        pool = lane or target
         executor = self._executors.setdefault(
-            target, ThreadPoolExecutor(max_workers=inflight, thread_name_prefix=f"specrag-{target}"))
-        batcher = MicroBatcher(f"{target}.{op}", call, max_batch=max_batch,
+            pool, ThreadPoolExecutor(max_workers=inflight, thread_name_prefix=f"specrag-{pool}"))
+        batcher = MicroBatcher(f"{pool}.{op}", call, max_batch=max_batch,
                                max_wait_s=self.config.max_wait_s, executor=executor)
         self._batchers[key] = batcher
         return batcher
 
-    def datastore(self):
-        if self.services.datastore is None:
-            raise RuntimeError("this method retrieves per token, but no KNN-LM datastore was configured")
-        return self.services.datastore
+    def retriever(self) -> SearchBackend:
+        if self.services.retriever is None:
+            raise RuntimeError("this method retrieves, but no retriever (index) was configured")
+        return self.services.retriever
+
+    def resource(self, name: str) -> Any:
+        found = self.services.resources.get(name)
+        if found is None:
+            raise RuntimeError(RESOURCE_HINTS.get(name, f"this method reads the resource {name!r}, which no "
+                                                        f"option configured (have: {sorted(self.services.resources)})"))
+        return found
 
     def model(self, role: str) -> ModelBackend:
         backend = self.services.models.get(role)

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from specrag.inference.capabilities import DENOISE, EMBED, FUSED_DECODE, GENERATE, RERANK, SCORE
+from specrag.inference.engine import BackendSettings, ModelBackend
 from specrag.inference.triton_protocol import (OPS, PARAM_MODEL, PARAM_OP, decode_results, encode_requests)
 from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
                                      RerankRequest, ScoreRequest, Scored)
@@ -151,7 +152,7 @@ def _message(e: BaseException) -> str:
     return str(msg() if callable(msg) else msg or e)
 
 
-class TritonBackend:
+class TritonBackend(ModelBackend):
     """ModelBackend for one set of weights (e.g. gemma3-270m) served by a Triton server."""
 
     supports_row_errors = True  # the engine may take per-row exceptions in a result list
@@ -161,6 +162,12 @@ class TritonBackend:
     # the served models do not return
     SERVES = {"causal-lm": frozenset({GENERATE, SCORE, FUSED_DECODE}), "encoder": frozenset({EMBED}),
               "cross-encoder": frozenset({RERANK}), "masked-diffusion": frozenset({DENOISE})}
+
+    @classmethod
+    def open(cls, model: str, settings: BackendSettings) -> "TritonBackend":
+        if settings.triton is None:
+            raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
+        return cls(model, settings.triton)
 
     @classmethod
     def serves(cls, model: str) -> frozenset[str]:

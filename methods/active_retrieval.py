@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from specrag.inference.types import GenerateRequest
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.prompts import sardi_prompt
 from specrag.methods.sardi import evidence, finalise_response, normalise_proxy, prompt_question, retrieval_query
 
@@ -80,7 +80,7 @@ def sentence_end(pieces: list[str]) -> int:
 
 
 @dataclass
-class ActiveRetrievalLoop:
+class ActiveRetrievalLoop(Stage):
     config: ARRetrievalConfig
     name: str = "Generate"
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from specrag.inference.capabilities import EMBED, FUSED_DECODE, GENERATE, RERANK, SCORE
 from specrag.inference.types import FusedDecodeRequest, GenerateRequest, ScoreRequest
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.common import Retrieve, finalise_answer
 from specrag.methods.prompts import AED_SELF_SUFFICIENCY, aed_context, aed_prompt
 from specrag.retrieval.base import passage_text
@@ -99,6 +99,12 @@ def softmax(values: list[float]) -> list[float]:
     return [e / sum(exps) for e in exps]
 
 
+def triplet_set(ctx, passage_id: str) -> tuple:
+    """A passage's triplets (``extract-triplets`` output, the ``triplets`` resource); KeyError
+    for a passage the extraction never saw."""
+    return ctx.resource("triplets")[passage_id]
+
+
 async def unit_scores(ctx, question: str, texts: list[str], predictor: str) -> list[float]:
     """S_phi(q, u) per unit: the utility model's logits, or cosine similarity of embeddings."""
     if not texts:
@@ -114,7 +120,7 @@ def self_sufficiency_request(question: str, max_new_tokens: int) -> GenerateRequ
 
 
 @dataclass
-class ScoreUnits:
+class ScoreUnits(Stage):
     """S_phi over each retrieved passage and each passage's triplet set (empty sets: none)."""
 
     config: AEDRAGConfig
@@ -127,7 +133,7 @@ class ScoreUnits:
         state = item.state_of(AEDState)
         question = item.query["question"]
         texts = [passage_text(d.title, d.text) for d in item.docs]
-        state.triplet_sets = [ctx.triplet_set(d.doc_id) for d in item.docs] if self.config.triplets else []
+        state.triplet_sets = [triplet_set(ctx, d.doc_id) for d in item.docs] if self.config.triplets else []
         filled = [i for i, ts in enumerate(state.triplet_sets) if ts]
         scores = await unit_scores(ctx, question, texts + [format_triplet_set(state.triplet_sets[i]) for i in filled],
                                    self.config.predictor)
@@ -139,7 +145,7 @@ class ScoreUnits:
 
 
 @dataclass
-class SelfSufficiency:
+class SelfSufficiency(Stage):
     """The reader's own background passage d_ss (the model's parametric memory), scored."""
 
     config: AEDRAGConfig
@@ -157,7 +163,7 @@ class SelfSufficiency:
 
 
 @dataclass
-class FusedDecode:
+class FusedDecode(Stage):
     """w = softmax over the enabled streams' utilities; one fused greedy decode (eq. 13-14)."""
 
     config: AEDRAGConfig
@@ -266,7 +272,7 @@ def contrastive_perplexity(token_logprobs: list[float]) -> float:
 
 
 @dataclass
-class LabelUnits:
+class LabelUnits(Stage):
     """d_gen, then CPPL of every unit of U_mix given the gold answer (one score batch)."""
 
     config: AEDLabelConfig
@@ -283,7 +289,7 @@ class LabelUnits:
         units = [UnitLabel("passage", d.doc_id, passage_text(d.title, d.text)) for d in item.docs]
         if self.config.triplets:
             units += [UnitLabel("triplets", d.doc_id, format_triplet_set(ts)) for d in item.docs
-                      if (ts := ctx.triplet_set(d.doc_id))]
+                      if (ts := triplet_set(ctx, d.doc_id))]
         units.append(UnitLabel("self", "", gen.text.strip() or "N/A"))
         base = aed_prompt("", question)
         scored = await asyncio.gather(*(ctx.score(ScoreRequest(aed_prompt(u.text, question), answer, chat=True,

@@ -20,7 +20,7 @@ import logging
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence, TypeVar
+from typing import Any, ClassVar, Sequence, TypeVar
 
 from specrag.inference.capabilities import GENERATE
 from specrag.inference.trace import Trace
@@ -64,10 +64,28 @@ class QueryState:
                                    trace=self.trace if part == 0 else Trace())
 
 
-class Stage(Protocol):
-    name: str
+class Stage:
+    """Base of a method's stages: a named async step over one query's state (a list fans it out).
 
-    async def run(self, item: QueryState, ctx: Any) -> QueryState | list[QueryState]: ...
+    ``gather`` declares a stage that first re-joins the query's fanned-out parts (a keyed join in
+    the Beam graph; ``item.gathered`` holds the parts, in order).
+
+    Example usage::
+
+        @dataclass
+        class Shout(Stage):
+            name: str = "Shout"
+
+            async def run(self, item, ctx):
+                item.answer = (await ctx.generate(GenerateRequest(item.question))).text.upper()
+                return item
+    """
+
+    name: str
+    gather: ClassVar[bool] = False
+
+    async def run(self, item: QueryState, ctx: Any) -> QueryState | list[QueryState]:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -215,7 +233,7 @@ def method_segments(stages: Sequence[Any]) -> list[list[Any]]:
     segment runs fused, as one engine submission (one ParDo in the Beam graph)."""
     segments: list[list[Any]] = []
     for stage in stages:
-        if not segments or getattr(stage, "gather", False):
+        if not segments or stage.gather:
             segments.append([])
         segments[-1].append(stage)
     return segments

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from specrag.inference.types import GenerateRequest, ScoreRequest
-from specrag.methods.base import QueryState
+from specrag.methods.base import QueryState, Stage
 from specrag.methods.prompts import (MAX_NEW_TOKENS, STOP, aed_context, aed_prompt, build_prompt, extract_choice,
                                      extract_label, extract_short_answer)
 from specrag.retrieval.base import passage_text
 
 
 @dataclass
-class Retrieve:
+class Retrieve(Stage):
     """Top-k documents for the question, replacing the state's documents."""
 
     k: int
@@ -114,7 +114,7 @@ def choose_option(item: QueryState, labels: Sequence[str], logprobs: Sequence[fl
 
 
 @dataclass
-class Generate:
+class Generate(Stage):
     """One generation with the state's documents (none for no-retrieval) in the prompt."""
 
     max_new_tokens: int | None = None  # None: the task type's default

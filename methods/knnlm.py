@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from specrag.inference.capabilities import NEXT_TOKEN
 from specrag.inference.types import NextToken, NextTokenRequest
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.common import SpeculationTrace, TokenTrace, finalise_tokens
 from specrag.methods.os3 import StrideScheduler
 from specrag.methods.prompts import build_prompt
@@ -74,6 +75,33 @@ def mix_next_token(state: NextToken, ids: np.ndarray, dists: np.ndarray, values:
     return int(np.argmax(p))
 
 
+class DatastoreSearch:
+    """KNN-LM's token-level retrieval over the ``datastore`` resource, through one query's
+    context: searches batched across queries, and a speculation cache's search among given
+    entries (small, so computed in place)."""
+
+    def __init__(self, ctx):
+        self.ctx, self.store = ctx, ctx.resource("datastore")
+        self.values: np.ndarray = self.store.values
+
+    async def knn(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest entries (ids, squared distances)."""
+        [out] = await self.knn_many([vector], k)
+        return out
+
+    async def knn_many(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Several searches as one batch (a KNN-LM verification)."""
+        out = await self.ctx.call("search", "datastore", list(vectors), "retrieval_s", k=k)
+        self.ctx.trace.count("retrieval_calls", len(vectors))
+        return out
+
+    def knn_among(self, vector: np.ndarray, ids: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        with self.ctx.timed("retrieval_s"):
+            out = self.store.nearest_among(vector, ids, k)
+        self.ctx.trace.count("cache_hits")
+        return out
+
+
 class _TokenSteps:
     """One request's KNN-LM loop state: prompt, tokens so far, end conditions."""
 
@@ -81,7 +109,8 @@ class _TokenSteps:
         self.item, self.ctx, self.config = item, ctx, config
         self.prompt = build_prompt(item.query)
         self.eos = set(ctx.eos_ids())
-        self.values = ctx.datastore_values()
+        self.search = DatastoreSearch(ctx)
+        self.values = self.search.values
 
     async def state(self, out: list[int]) -> NextToken:
         return await self.ctx.next_token(NextTokenRequest(self.prompt, tuple(out)))
@@ -101,7 +130,7 @@ class _TokenSteps:
 
 
 @dataclass
-class KNNLMLoop:
+class KNNLMLoop(Stage):
     config: KNNLMConfig
     name: str = "KNNLM"
 
@@ -111,7 +140,7 @@ class KNNLMLoop:
         while True:
             ctx.next_step()
             state = await steps.state(out)
-            ids, dists = await ctx.knn(state.hidden, self.config.k)
+            ids, dists = await steps.search.knn(state.hidden, self.config.k)
             if steps.append(out, steps.token(state, ids, dists)):
                 return steps.finalise(out)
 
@@ -123,14 +152,14 @@ class _Guess:
     token: int
 
 
-class KNNLMSpecLoop:
+class KNNLMSpecLoop(Stage):
     def __init__(self, config: KNNLMSpecConfig, name: str = "KNNLMSpec"):
         self.config, self.name = config, name
 
     async def run(self, item: QueryState, ctx) -> QueryState:
         cfg = self.config
         steps = _TokenSteps(item, ctx, cfg)
-        store = ctx.datastore()
+        store = steps.search.store
         cache = SpeculationCache()
         scheduler = StrideScheduler(cfg.os3_window, cfg.os3_gamma_max, cfg.os3_max_stride, regenerates=False)
         fixed = None if cfg.os3 else cfg.speculation_stride
@@ -142,7 +171,7 @@ class KNNLMSpecLoop:
             t0 = time.perf_counter()
             state = await steps.state(out)
             t1 = time.perf_counter()
-            ids, dists = await ctx.knn(state.hidden, cfg.k)
+            ids, dists = await steps.search.knn(state.hidden, cfg.k)
             scheduler.record_generation(t1 - t0)
             scheduler.record_search(time.perf_counter() - t1)
             cache.add(store.following(ids, cfg.follow))
@@ -162,14 +191,14 @@ class KNNLMSpecLoop:
                 t0 = time.perf_counter()
                 state = await steps.state(out)
                 scheduler.record_generation(time.perf_counter() - t0)
-                c_ids, c_dists = ctx.knn_among(state.hidden, cache.ids, cfg.k) if len(cache) else ([], [])
+                c_ids, c_dists = steps.search.knn_among(state.hidden, cache.ids, cfg.k) if len(cache) else ([], [])
                 guess = _Guess(len(out), state, steps.token(state, c_ids, c_dists))
                 guesses.append(guess)
                 finished = steps.append(out, guess.token)
                 stats.speculation_steps += 1
                 scheduler.record_step(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            truths = await ctx.knn_many([g.state.hidden for g in guesses], cfg.k)
+            truths = await steps.search.knn_many([g.state.hidden for g in guesses], cfg.k)
             true_tokens = [steps.token(g.state, i, d) for g, (i, d) in zip(guesses, truths)]
             matched = next((j for j, (g, t) in enumerate(zip(guesses, true_tokens)) if g.token != t), len(guesses))
             scheduler.record_verification(time.perf_counter() - t0, len(guesses), matched)

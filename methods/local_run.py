@@ -17,7 +17,7 @@ def run_method(engine: Any, method: Method, queries: list[dict]) -> tuple[list[Q
     states = [QueryState(query=q) for q in queries]
     failures: list[dict] = []
     for segment in method_segments(method.stages()):
-        if getattr(segment[0], "gather", False):
+        if segment[0].gather:
             by_id: dict[str, list[QueryState]] = defaultdict(list)
             for s in states:
                 by_id[s.id].append(s)

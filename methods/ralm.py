@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specrag.inference.types import GenerateRequest, Generation
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.common import finalise_tokens
 from specrag.methods.prompts import build_prompt
 from specrag.retrieval.base import Hit
@@ -98,7 +98,7 @@ class RaLMTrace:
 
 
 @dataclass
-class RaLMSeqLoop:
+class RaLMSeqLoop(Stage):
     """The baseline: one index retrieval per generation step."""
 
     config: RaLMConfig

@@ -22,14 +22,25 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
-from specrag.methods.base import Method, QueryState
+from specrag.methods.base import Method, QueryState, Stage
 from specrag.methods.common import SpeculationTrace
 from specrag.methods.os3 import StrideScheduler
 from specrag.methods.ralm import RaLMConfig, RaLMSteps
 from specrag.retrieval.base import Hit
 from specrag.retrieval.speculation import SpeculationCache
 
+
+
+async def score_docs(ctx, query: str, doc_ids: Sequence[str]) -> list[float]:
+    """The retriever's own scores of the cached documents (the speculation cache ranks with the
+    index's metric), batched across queries in a lane of its own: a cache lookup never queues
+    behind a slow index search running at the same time (asynchronous verification)."""
+    [scores] = await ctx.call("score_many", "retriever", [(query, tuple(doc_ids))], "retrieval_s",
+                              lane="retriever-cache")
+    ctx.trace.count("cache_hits")
+    return scores
 
 @dataclass(frozen=True)
 class RaLMSpecConfig(RaLMConfig):
@@ -60,7 +71,7 @@ class _Speculated:
     finished: bool
 
 
-class RaLMSpecLoop:
+class RaLMSpecLoop(Stage):
     def __init__(self, config: RaLMSpecConfig, name: str = "RaLMSpec"):
         self.config = config
         self.name = name
@@ -84,7 +95,7 @@ class RaLMSpecLoop:
             start_t = time.perf_counter()
             query = steps.query_text(out)
             ids = cache.ids  # a snapshot: a verification may add documents while we wait
-            doc = known[cache.best(await ctx.score_docs(query, ids), ids)]
+            doc = known[cache.best(await score_docs(ctx, query, ids), ids)]
             start = len(out)
             gen = await generate(doc)
             out.extend(gen.token_ids)

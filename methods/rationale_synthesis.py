@@ -35,7 +35,7 @@ import numpy as np
 from specrag.evaluation.metrics import contains, normalize
 from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.types import GenerateRequest, ScoreRequest
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.common import Retrieve
 from specrag.methods.prompts import format_documents, task_input
 from specrag.methods.subsets import SUBSET_MODES, query_seed, sample_subsets
@@ -148,7 +148,7 @@ class SubsetState:
 
 
 @dataclass
-class CheckTrainingId:
+class CheckTrainingId(Stage):
     """A question of an evaluation split never becomes training data (a dead letter says so)."""
 
     name: str = "CheckTrainingId"
@@ -163,7 +163,7 @@ class CheckTrainingId:
 
 
 @dataclass
-class ChooseSubset:
+class ChooseSubset(Stage):
     """The drafter's document subset: the multi-perspective sampler's subsets in order, the first
     one holding a gold answer (open tasks) or the first (closed-set tasks)."""
 
@@ -194,7 +194,7 @@ class ChooseSubset:
 
 
 @dataclass
-class Rationalize:
+class Rationalize(Stage):
     """The teacher's rationale for the gold answer from the subset, then its judgement."""
 
     config: RationaleSynthesisConfig

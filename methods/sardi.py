@@ -23,7 +23,7 @@ from typing import Sequence
 
 from specrag.inference.capabilities import DENOISE
 from specrag.inference.types import DenoiseRequest
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.prompts import sardi_prompt
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def evidence(docs: Sequence, passage_words: int) -> list[str]:
 
 
 @dataclass
-class Denoise:
+class Denoise(Stage):
     """Algorithm 1 for one query; its denoise calls batch with every other query in flight."""
 
     config: SARDIConfig
@@ -226,7 +226,7 @@ class Denoise:
         trace = item.trace.of(SARDITrace)
         trace.departures = [f"{d['setting']}={d['value']}" for d in c.departures()]
         question, shown = item.query["question"], prompt_question(item.query)  # retrieval: the question alone
-        mask_id = ctx.mask_id(self.denoiser)
+        mask_id = int(ctx.model(self.denoiser).mask_id)
         response = [mask_id] * c.max_new_tokens
         end = set(ctx.eos_ids(self.denoiser))
         last_query = retrieval_query(question, "", c.query)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
 from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.types import GenerateRequest, Generation, ScoreRequest
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.common import Retrieve, check_closed_set, finalise_answer, option_labels, score_options
 from specrag.methods.prompts import MAX_NEW_TOKENS, STOP, build_prompt, task_input
 from specrag.methods.subsets import SUBSET_MODES, query_seed, sample_subsets
@@ -159,7 +159,7 @@ def choose_draft(drafts: list[DraftRecord], config: SpeculativeRAGConfig, query_
 
 
 @dataclass
-class SampleSubsets:
+class SampleSubsets(Stage):
     """Embed the retrieved documents, cluster them, fan out one element per subset."""
 
     config: SpeculativeRAGConfig
@@ -181,7 +181,7 @@ class SampleSubsets:
 
 
 @dataclass
-class Draft:
+class Draft(Stage):
     """The drafter's answer and rationale from one subset; ρ_draft from its own logprobs.
 
     Two batched calls: the answer (the standard RAG prompt on the subset, so a draft is as
@@ -231,7 +231,7 @@ class Draft:
 
 
 @dataclass
-class Verify:
+class Verify(Stage):
     """ρ_SC and ρ_SR from one forward pass of the verifier over [Q, draft, R, "Yes"]."""
 
     config: SpeculativeRAGConfig
@@ -252,12 +252,12 @@ class Verify:
 
 
 @dataclass
-class Select:
+class Select(Stage):
     """Join a query's drafts (all m, by query id) and keep the best-scored one."""
 
     config: SpeculativeRAGConfig
     name: str = "Select"
-    gather: bool = True
+    gather: ClassVar[bool] = True
 
     async def run(self, item: QueryState, ctx) -> QueryState:
         c = self.config

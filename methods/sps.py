@@ -19,7 +19,7 @@ import numpy as np
 
 from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.types import GenerateRequest
-from specrag.methods.base import Method, MethodConfig, QueryState
+from specrag.methods.base import Method, MethodConfig, QueryState, Stage
 from specrag.methods.common import Retrieve, check_closed_set, finalise_tokens, option_labels, score_options
 from specrag.methods.prompts import MAX_NEW_TOKENS, STOP, build_prompt
 from specrag.methods.subsets import SUBSET_MODES, query_seed, sample_subsets
@@ -102,7 +102,7 @@ class SPSTrace:
     stages: list[SPSStage] = field(default_factory=list)
 
 
-class StagedLoop:
+class StagedLoop(Stage):
     """Algorithm 1 for one query: the retrieval for the next stage overlaps this stage's chunks."""
 
     name = "StagedGenerate"

@@ -41,6 +41,7 @@ def cmd_import_data(args, extra) -> int:
 
 def cmd_build_index(args, flags) -> int:
     from specrag.pipelines.build_index import run_build_index
+    from specrag.retrieval.index import DENSE_KINDS
     from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions
     options, beam_args = job_options(flags)
     options.view_as(BuildIndexOptions).validate()
@@ -49,7 +50,7 @@ def cmd_build_index(args, flags) -> int:
     kinds = (corpus.kinds or "bm25").split(",")
     embedder = runtime.models_by_role({"embedder": "all-minilm-l6-v2"}, ("embedder",), "build-index")["embedder"]
     shards = options.view_as(BuildIndexOptions).dense_shards
-    dense_params = {k: {"shards": shards} for k in kinds if k in ("dense", "hnsw", "ivf")}
+    dense_params = {k: {"shards": shards} for k in kinds if k in DENSE_KINDS}
     config = runtime.runtime_config()
     manifest = run_build_index(corpus.corpus, runtime.index, kinds, embedder=embedder, num_threads=runtime.threads,
                                beam_args=beam_args, dense_params=dense_params, backend=runtime.backend,

@@ -98,8 +98,8 @@ class RuntimeOptions(PipelineOptions):
 
     def roles_for(self, method) -> tuple[str, ...]:
         """A method's model roles, with the embedder where the retriever embeds queries."""
-        from specrag.transforms.runtime import DENSE_RETRIEVERS
-        extra = ("embedder",) if (method.needs_retriever and self.retriever in DENSE_RETRIEVERS
+        from specrag.retrieval.index import DENSE_KINDS
+        extra = ("embedder",) if (method.needs_retriever and self.retriever in DENSE_KINDS
                                   and "embedder" not in method.model_roles) else ()
         return tuple(method.model_roles) + extra
 

@@ -20,10 +20,15 @@ class Retriever(Protocol):
     """Batched top-k search; ``score`` rates given documents with the index's own function."""
 
     kind: str
+    embeds_queries: bool = False  # a dense index embeds each query (counted as embed calls)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...
     def score(self, query: str, doc_ids: Sequence[str]) -> list[float]: ...
     def fetch(self, doc_ids: Sequence[str]) -> list[Hit]: ...
+
+    def score_many(self, pairs: Sequence[tuple[str, Sequence[str]]]) -> list[list[float]]:
+        """``score`` for several (query, doc ids) pairs: one batched call of the engine."""
+        return [self.score(query, ids) for query, ids in pairs]
 
 
 class DocStore:

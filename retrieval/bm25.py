@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specrag.retrieval.base import DocStore, Hit, passage_text
+from specrag.retrieval.base import DocStore, Hit, Retriever, passage_text
 
 K1, B = 0.9, 0.4  # Anserini/pyserini defaults, so bm25s and Lucene rank alike
 
@@ -57,7 +57,7 @@ def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
     return candidates[np.lexsort((candidates, -scores[candidates]))][:k]
 
 
-class BM25Retriever:
+class BM25Retriever(Retriever):
     """bm25s search; ``score`` uses the same index statistics as search."""
 
     kind = "bm25"

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specrag.retrieval.base import DocStore, Hit
+from specrag.retrieval.base import DocStore, Hit, Retriever
 from specrag.retrieval.exact_batch import LazyScan, LowPrecisionScan
 
 
@@ -97,10 +97,11 @@ def pair_scores(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", vectors, np.broadcast_to(np.asarray(query, dtype=np.float32), vectors.shape))
 
 
-class DenseRetriever:
+class DenseRetriever(Retriever):
     """FAISS search; ``score`` is the dot product with the stored vectors, as the index uses."""
 
     kind = "dense"
+    embeds_queries = True
 
     def __init__(self, index_dir: Path, store: DocStore, embed: Callable[[list[str]], np.ndarray],
                  vectors: Path | None = None, scan_precision: str | None = "int8"):

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from specrag.retrieval.base import DocStore, Hit, passage_text
+from specrag.retrieval.base import DocStore, Hit, Retriever, passage_text
 
 K1, B = 0.9, 0.4  # Anserini's defaults
 FIELD = "contents"
@@ -115,7 +115,7 @@ def build_lucene(store: DocStore, out_dir: Path, threads: int = 1) -> dict:
             "jar": jar_path().name, "storeDocvectors": True}
 
 
-class LuceneRetriever:
+class LuceneRetriever(Retriever):
     """Anserini SimpleSearcher with BM25; ``score`` reproduces its scores from index statistics."""
 
     kind = "lucene"

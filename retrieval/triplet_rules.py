@@ -195,6 +195,11 @@ class RuleTripletExtractor:
         self.resolve_title_pronouns = resolve_title_pronouns
         self.model = f"en_core_web_sm-{self.nlp.meta.get('version', '?')}"
 
+    @classmethod
+    def from_config(cls, config, load_backend=None) -> "RuleTripletExtractor":
+        """From an ExtractorConfig (``extract-triplets`` settings); it loads no model backend."""
+        return cls(max_chars=config.max_chars, resolve_title_pronouns=config.resolve_title_pronouns)
+
     def extract(self, passages: Sequence[Passage]) -> list[Extraction]:
         for p in passages:
             if not isinstance(p.text, str):

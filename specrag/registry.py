@@ -83,6 +83,14 @@ BACKENDS = Registry("backend", {
     "triton": "specrag.inference.triton:TritonBackend",
 })
 
+# a local model's kind (inference/models.py) -> the class that runs it, one module per kind
+LOCAL_KINDS = Registry("local model kind", {
+    "causal-lm": "specrag.inference.local_causal_lm:LocalCausalLM",
+    "encoder": "specrag.inference.local_encoder:LocalEncoder",
+    "cross-encoder": "specrag.inference.local_cross_encoder:LocalCrossEncoder",
+    "masked-diffusion": "specrag.inference.local_denoiser:LocalDenoiser",
+})
+
 # index kind (an index folder may hold several) -> the retriever class that opens it
 RETRIEVERS = Registry("retriever", {
     "bm25": "specrag.retrieval.bm25:BM25Retriever",
@@ -117,5 +125,5 @@ METRICS = Registry("metric", {
 })
 
 REGISTRIES: dict[str, Registry] = {"methods": METHODS, "models": MODELS, "backends": BACKENDS,
-                                   "retrievers": RETRIEVERS, "extractors": EXTRACTORS, "formats": FORMATS,
+                                   "local_kinds": LOCAL_KINDS, "retrievers": RETRIEVERS, "extractors": EXTRACTORS, "formats": FORMATS,
                                    "metrics": METRICS}

@@ -15,6 +15,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from specrag.inference.engine import ModelBackend  # noqa: E402 (after the offline settings)
+
 REPO = Path(__file__).resolve().parents[1]
 BEAM_ARGS = ("--runner=FnApiRunner",)
 
@@ -67,7 +69,7 @@ def _pooled_key(corpus: Path, kinds: list[str]) -> str:
     files and embeds the passages, and the embedder's weights (not the job around them)."""
     import hashlib
     import inspect
-    from specrag.inference.local import LocalEncoder
+    from specrag.inference.local_encoder import LocalEncoder
     from specrag.inference.models import model_identity
     from specrag.retrieval.index import assemble_vectors, finish_index
     h = hashlib.sha256(corpus.read_bytes())
@@ -195,7 +197,7 @@ def prefix_generator(generator):
     """The session's SmolLM2 weights behind a second backend object with prefix KV reuse
     (blocks of 4 continuation tokens, RaLM's stride); each call gives it a fresh cache
     (``budget`` bytes), as a new worker would have."""
-    from specrag.inference.local import LocalModelConfig
+    from specrag.inference.local_base import LocalModelConfig
     from specrag.inference.prefix_cache import BLOCK_TOKENS, PrefixKVCache
     impl = generator._impl
     clone = object.__new__(type(impl))
@@ -212,7 +214,7 @@ def prefix_generator(generator):
     return fresh
 
 
-class StepMemo:
+class StepMemo(ModelBackend):
     """The real generator behind a memo of its batch-invariant greedy steps and next-token states.
 
     Such a step's output depends only on its request (test_batch_invariant_steps_do_not_depend_

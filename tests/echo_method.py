@@ -4,7 +4,7 @@ A question ``fail-while:PATH`` fails its query while the file PATH exists (a fai
 import asyncio
 import os
 
-from specrag.methods import Method
+from specrag.methods import Method, Stage
 
 
 class Echo(Method):
@@ -15,7 +15,7 @@ class Echo(Method):
         return [_Echo()]
 
 
-class _Echo:
+class _Echo(Stage):
     name = "Echo"
 
     async def run(self, item, ctx):

@@ -213,7 +213,7 @@ def train_denoiser(passages: Sequence[str], traces: Sequence[TraceExample], conf
     import torch
     from transformers import AutoTokenizer
     from specrag.inference.denoiser import DenoiserInputs, new_denoiser
-    from specrag.inference.local import set_torch_threads
+    from specrag.inference.local_base import set_torch_threads
     from specrag.inference.models import materialise
     config.validate()
     started = time.time()

@@ -82,7 +82,7 @@ class DrafterReport:
 
 def encode(tokenizer, example: DrafterExample, chat: bool, end_ids: Sequence[int]) -> tuple[list[int], list[int]]:
     """(prompt ids, response ids) exactly as Draft feeds and reads them."""
-    from specrag.inference.local import prompt_token_ids
+    from specrag.inference.local_base import prompt_token_ids
     from specrag.methods.speculative_rag import draft_target_ids
     tokenize = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731 (the backend's tokenize)
     return prompt_token_ids(tokenizer, example.prompt, chat), draft_target_ids(tokenize, example.answer,
@@ -138,7 +138,7 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     import shutil
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from specrag.inference.local import set_torch_threads
+    from specrag.inference.local_base import set_torch_threads
     from specrag.inference.models import materialise, model_identity
     config.validate()
     started = time.time()

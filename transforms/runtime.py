@@ -14,14 +14,14 @@ from typing import Any, Mapping
 
 from specrag import registry
 from specrag.inference.capabilities import EMBED, check_capabilities
-from specrag.inference.engine import EngineConfig, Services
+from specrag.inference.engine import BackendSettings, EngineConfig, Services
 from specrag.inference.models import KIND_NAMES, model_spec
 from specrag.inference.processor import MODEL_DTYPES
 from specrag.inference.triton import TritonConfig
+from specrag.retrieval.index import DENSE_KINDS
 
 BACKENDS = tuple(registry.BACKENDS)
 RETRIEVER_KINDS = tuple(registry.RETRIEVERS)
-DENSE_RETRIEVERS = ("dense", "hnsw", "ivf")  # these embed the query: they need an embedder's embed
 EXACT_SCANS = ("int8", "bf16", "fp32", "faiss")  # retrieval/exact_batch.py PRECISIONS, or FAISS
 
 
@@ -89,7 +89,7 @@ class RuntimeConfig:
             raise ValueError("--prefix-cache-mb applies to the local backend (a Triton model keeps its own cache)")
         if self.exact_scan not in EXACT_SCANS:
             raise ValueError(f"exact_scan must be one of {EXACT_SCANS}, got {self.exact_scan!r}")
-        if needs_retriever and self.retriever in DENSE_RETRIEVERS:
+        if needs_retriever and self.retriever in DENSE_KINDS:
             needs.setdefault("embedder", ())
             needs["embedder"] = tuple(dict.fromkeys(needs["embedder"] + (EMBED,)))
             models.setdefault("embedder", "all-minilm-l6-v2")
@@ -135,7 +135,7 @@ class RuntimeConfig:
 
     def with_roles(self, roles: tuple[str, ...]) -> "RuntimeConfig":
         """Only the model roles a method uses (so unused models are never loaded)."""
-        keep = set(roles) | ({"embedder"} if self.retriever in DENSE_RETRIEVERS else set())
+        keep = set(roles) | ({"embedder"} if self.retriever in DENSE_KINDS else set())
         return dataclasses.replace(self, models=tuple((r, m) for r, m in self.models if r in keep))
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,17 +257,7 @@ def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
     """One backend per (kind, model, settings) and process: weights load once per worker."""
     key = (kind, model, threads, dtype, triton, prefix_cache_mb)
     if key not in _BACKENDS:
-        if kind == "triton":
-            from specrag.inference.triton import TritonBackend
-            if triton is None:
-                raise ValueError("backend 'triton' needs a TritonConfig (--triton-url)")
-            _BACKENDS[key] = TritonBackend(model, triton)
-        elif kind == "local":
-            from specrag.inference.local import LocalBackend, LocalModelConfig
-            _BACKENDS[key] = LocalBackend(LocalModelConfig(model, num_threads=threads, dtype=dtype,
-                                                           prefix_cache_mb=prefix_cache_mb))
-        else:
-            registry.BACKENDS.check(kind)
+        _BACKENDS[key] = registry.BACKENDS[kind].open(model, BackendSettings(threads, dtype, triton, prefix_cache_mb))
     return _BACKENDS[key]
 
 
@@ -283,7 +273,7 @@ def worker_setup(config: RuntimeConfig) -> None:
     if is_sdk_worker_process():  # a killed job's local workers must not go on computing
         exit_when_orphaned()
     if config.backend == "local" and config.models:
-        from specrag.inference.local import set_torch_threads
+        from specrag.inference.local_base import set_torch_threads
         set_torch_threads(config.num_threads)
 
 
@@ -307,21 +297,20 @@ def get_services(config: RuntimeConfig) -> Services:
         if config.index_dir:
             from specrag.retrieval.index import open_retriever
             embed = None
-            if config.retriever in ("dense", "hnsw", "ivf"):
+            if config.retriever in DENSE_KINDS:
                 embedder = models.get("embedder") or load_backend(config.backend, "all-minilm-l6-v2",
                                                                   config.num_threads, triton=config.triton)
                 embed = embedder.embed
             retriever = open_retriever(_local_copy(config.index_dir), config.retriever, embed,
                                        scan_precision=config.scan_precision())
-        datastore = None
+        resources = {}
         if config.datastore_dir:
             from specrag.retrieval.datastore import Datastore
-            datastore = Datastore(_local_copy(config.datastore_dir), config.datastore_kind,
-                                  scan_precision=config.scan_precision())
-        triplets = None
+            resources["datastore"] = Datastore(_local_copy(config.datastore_dir), config.datastore_kind,
+                                               scan_precision=config.scan_precision())
         if config.triplets_dir:
             from specrag.retrieval.triplets import TripletStore
-            triplets = TripletStore.open(config.triplets_dir)
-        services = Services(models=models, retriever=retriever, datastore=datastore, triplets=triplets)
+            resources["triplets"] = TripletStore.open(config.triplets_dir)
+        services = Services(models=models, retriever=retriever, resources=resources)
         _SERVICES[config] = services
         return services

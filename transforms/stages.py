@@ -156,7 +156,7 @@ class RunSegment(beam.PTransform):
     def expand(self, keyed):
         dead = []
         first = self.segment[0]
-        if getattr(first, "gather", False):
+        if first.gather:
             # The keyed join's shuffle, made explicit: without it the segment before it fuses into
             # the stateful GatherParts stage, and the FnApiRunner runs a stateful stage on one
             # worker (fn_runner.py: "a single key cannot be processed concurrently"), so the fan-out

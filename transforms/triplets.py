@@ -82,13 +82,9 @@ class ExtractorConfig:
 
 
 def load_extractor(config: ExtractorConfig):
-    if config.extractor == "spacy-rules":
-        return registry.EXTRACTORS["spacy-rules"](max_chars=config.max_chars,
-                                                  resolve_title_pronouns=config.resolve_title_pronouns)
+    """The configured extractor (``registry.EXTRACTORS``); a model it needs loads once per process."""
     from specrag.transforms.runtime import load_backend
-    backend = load_backend(config.backend, config.model, config.num_threads, triton=config.triton)
-    return registry.EXTRACTORS["generator"](backend, config.model, max_new_tokens=config.max_new_tokens,
-                                            max_passage_chars=config.max_chars)
+    return registry.EXTRACTORS[config.extractor].from_config(config, load_backend)
 
 
 @dataclass(frozen=True)

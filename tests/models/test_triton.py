@@ -28,7 +28,7 @@ from specrag.inference.triton_protocol import OPS, decode_requests, decode_resul
 from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, RerankRequest, ScoreRequest,
                                      Scored)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BEAM_ARGS = ("--runner=FnApiRunner",)
 
 

@@ -69,7 +69,7 @@ def test_embeddings_are_normalised_and_semantic(embedder):
 def test_scoring_in_sub_batches_equals_one_batch(scorer, monkeypatch):
     """Only the continuation's positions are projected onto the vocabulary, in sub-batches
     under a memory budget; the scores do not depend on how the batch was cut."""
-    import specrag.inference.local as local
+    import specrag.inference.local_causal_lm as local
     requests = [ScoreRequest("The capital of France is", " Paris, a city on the Seine."),
                 ScoreRequest("Water boils at", " 100 degrees Celsius at sea level."),
                 ScoreRequest("Q: Who wrote Hamlet?\n", "Answer: Shakespeare\nDoes it hold?", ("Answer: Shakespeare", "\nDoes it hold?"))]

@@ -85,7 +85,8 @@ def _generate(name: str) -> list[int]:
 
 
 def test_a_transformers_folder_is_a_causal_lm_with_its_tokenizers_chat_template(tiny_folder):
-    from specrag.inference.local import LocalCausalLM, LocalModelConfig
+    from specrag.inference.local_base import LocalModelConfig
+    from specrag.inference.local_causal_lm import LocalCausalLM
     spec = model_spec(str(tiny_folder))
     assert spec.kind == "causal-lm" and spec.chat is None
     lm = LocalCausalLM(LocalModelConfig(model=str(tiny_folder)))

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specrag.inference import Engine, EngineConfig, Services
+from specrag.inference import Engine, EngineConfig, ModelBackend, Services
 from specrag.inference.types import FusedDecodeRequest, GenerateRequest, Generation, ScoreRequest
 from specrag.methods import create_method
 from specrag.methods.aed_rag import AEDRAGTrace, contrastive_perplexity, sequential_utility, softmax
 from specrag.methods.base import QueryState
 from specrag.methods.prompts import aed_prompt
-from specrag.retrieval.base import Hit
+from specrag.retrieval.base import Hit, Retriever
 from specrag.retrieval.triplets import Triplet
 from specrag.training.utility_predictor import (LabelledQuery, informative, spearman, split_held_out,
                                                  teacher_distribution, top_units)
@@ -70,7 +70,7 @@ TRIPLETS = {"d1": (Triplet("Canberra", "is", "capital of Australia", 0),),
             "d2": (Triplet("Sydney", "is", "largest city of Australia", 0),), "d3": ()}
 
 
-class FakeRetriever:
+class FakeRetriever(Retriever):
     def search(self, queries, k):
         return [DOCS[:k] for _ in queries]
 
@@ -79,7 +79,7 @@ class FakeStore(dict):
     pass
 
 
-class FakeGenerator:
+class FakeGenerator(ModelBackend):
     name, capabilities = "fake-lm", frozenset({"generate", "fused_decode"})
 
     def __init__(self):
@@ -97,7 +97,7 @@ class FakeGenerator:
         return [Generation("Canberra", [1], [0.0], 30, "stop") for _ in requests]
 
 
-class FakeUtility:
+class FakeUtility(ModelBackend):
     """A deterministic S_phi: the capital passage and its triplets score high."""
 
     name, capabilities = "fake-utility", frozenset({"rerank"})
@@ -110,7 +110,7 @@ class FakeUtility:
 def _run(method, generator=None):
     generator = generator or FakeGenerator()
     services = Services(models={"generator": generator, "utility": FakeUtility()}, retriever=FakeRetriever(),
-                        triplets=FakeStore(TRIPLETS))
+                        resources={"triplets": FakeStore(TRIPLETS)})
     engine = Engine(services, EngineConfig(max_batch=8))
     query = {"id": "q1", "question": "What is the capital of Australia?", "task_type": "short_form", "answers": []}
     [outcome] = engine.run_stages(method.stages(), [QueryState(query=query)])
@@ -258,7 +258,7 @@ def test_fused_decoding_reduces_to_greedy(generator):
 # --- training on real training-split questions (slow; labels cached per content) --------
 
 TRAIN_QUESTIONS = {"nq": 18, "hotpotqa": 6}
-GOLDEN_LABELS = Path(__file__).parent / "golden" / "aed_labels"  # labels.parquet + the run's manifest.json
+GOLDEN_LABELS = Path(__file__).parents[1] / "golden" / "aed_labels"  # labels.parquet + the run's manifest.json
 
 
 def _training_rows(imported) -> list[dict]:
@@ -323,7 +323,7 @@ def test_committed_labels_equal_a_fresh_computation(imported, pooled_bm25, poole
     fresh = pq.read_table(_label(spot, tmp_path, pooled_bm25, pooled_triplets, workers=1) / "labels.parquet").to_pylist()
     ids = {r["id"] for r in spot}
     golden = [r for r in pq.read_table(training_labels / "labels.parquet").to_pylist() if r["query_id"] in ids]
-    hint = "the committed AED labels are stale: rewrite them with SPECRAG_WRITE_GOLDEN=1 pytest tests/test_aed.py"
+    hint = "the committed AED labels are stale: rewrite them with SPECRAG_WRITE_GOLDEN=1 pytest tests/models/test_aed.py"
     key = lambda r: (r["query_id"], r["unit"], r["kind"], r["unit_id"], r["text"])  # noqa: E731
     assert [key(r) for r in fresh] == [key(r) for r in golden], hint
     np.testing.assert_allclose([r["cppl"] for r in fresh], [r["cppl"] for r in golden], rtol=1e-3, err_msg=hint)

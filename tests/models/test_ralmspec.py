@@ -10,6 +10,8 @@ import pytest
 
 from specrag.methods.os3 import StrideScheduler, best_stride, expected_verified, round_latency
 from specrag.retrieval import open_retriever
+from specrag.inference import ModelBackend
+from specrag.retrieval.base import Retriever
 from specrag.retrieval.speculation import SpeculationCache
 
 # Small enough for the suite's time budget, long enough for several speculation rounds.
@@ -79,7 +81,7 @@ class _Clock:
         return self.now
 
 
-class _ClockedLM:
+class _ClockedLM(ModelBackend):
     """A deterministic generator: a step's tokens depend on its document and position; each
     batched call costs ``cost`` model seconds."""
 
@@ -108,7 +110,7 @@ class _ClockedLM:
         return out
 
 
-class _ClockedIndex:
+class _ClockedIndex(Retriever):
     """Five documents ranked by a fixed function of the query; a search call costs ``cost``."""
 
     kind = "bm25"

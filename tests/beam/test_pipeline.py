@@ -2,12 +2,13 @@
 import glob
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from specrag.methods import Method, MethodConfig, create_method
+from specrag.methods import Method, MethodConfig, Stage, create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.schemas import QUERIES
 from specrag.transforms.runtime import RuntimeConfig
@@ -22,7 +23,7 @@ def _read(out, name):
 
 # -- a fan-out method whose stages call no model: it tests the graph and the join --------
 @dataclass
-class FanOut:
+class FanOut(Stage):
     parts: int = 3
     name: str = "FanOut"
 
@@ -32,7 +33,7 @@ class FanOut:
 
 
 @dataclass
-class Work:
+class Work(Stage):
     name: str = "Work"
 
     async def run(self, item, ctx):
@@ -44,9 +45,9 @@ class Work:
 
 
 @dataclass
-class Join:
+class Join(Stage):
     name: str = "Join"
-    gather: bool = True
+    gather: ClassVar[bool] = True
 
     async def run(self, item, ctx):
         item.answer = "+".join(p.answer for p in item.gathered)
@@ -154,7 +155,7 @@ def test_manifests_name_the_source_commit_they_ran(monkeypatch):
     import subprocess
     from pathlib import Path
     from specrag.pipelines.manifest import source_revision, versions
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
     expected = head.stdout.strip() if head.returncode == 0 else "not a checkout"
     assert versions()["specrag_source"].removesuffix("+dirty") == expected

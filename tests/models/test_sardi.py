@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import types
 from dataclasses import dataclass
 
 import pytest
@@ -109,8 +110,8 @@ class _ScriptedContext:
     def next_step(self):
         self.steps += 1
 
-    def mask_id(self, model="denoiser"):
-        return MASK
+    def model(self, role="denoiser"):
+        return types.SimpleNamespace(mask_id=MASK)
 
     def eos_ids(self, model="denoiser"):
         return [9]

@@ -12,7 +12,7 @@ from specrag.evaluation.stats import paired_bootstrap_ci, pareto_front
 from specrag.pipelines.compare import check_expectations, reusable_elsewhere, run_compare
 from specrag.pipelines.suite import load_suite, slug
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _suite(tmp_path: Path, text: str) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # top to bottom: a layer imports only layers below it (the package root ``specrag`` is the floor)
 ORDER = ["pipelines", "importers", "training", "transforms", "methods", "retrieval", "inference", "evaluation",
          "schemas", "jobio", "specrag"]

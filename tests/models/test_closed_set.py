@@ -6,11 +6,11 @@ import threading
 import numpy as np
 import pytest
 
-from specrag.inference import Engine, EngineConfig, Generation, Scored, Services
+from specrag.inference import Engine, EngineConfig, Generation, ModelBackend, Scored, Services
 from specrag.methods.base import create_method
 from specrag.methods.base import QueryState
 from specrag.methods.local_run import run_method
-from specrag.retrieval.base import Hit
+from specrag.retrieval.base import Hit, Retriever
 from specrag.methods.prompts import build_prompt
 
 ARC = {"id": "arc-1", "question": "Which gas do plants take in?", "task_type": "multiple_choice",
@@ -20,7 +20,7 @@ CLAIM = {"id": "ph-1", "question": "Vaccines cause autism.", "task_type": "claim
          "choices": [], "choice_labels": [], "answers": ["false"]}
 
 
-class FakeScorer:
+class FakeScorer(ModelBackend):
     """log P(continuation) from a table; generation says something no parser could read."""
 
     name, capabilities = "fake-lm", frozenset({"generate", "score"})
@@ -119,13 +119,13 @@ def test_closed_set_setting_is_validated():
     assert create_method("standard").config.closed_set == "score"
 
 
-class FakeRetriever:
+class FakeRetriever(Retriever):
     def search(self, queries, k):
         return [[Hit(f"d{i}", 1.0 - i / 10, f"Doc {i}", f"Passage {i} about gases.") for i in range(k)]
                 for _ in queries]
 
 
-class FakeEmbedder:
+class FakeEmbedder(ModelBackend):
     name, capabilities = "fake-embed", frozenset({"embed"})
 
     def embed(self, texts):

@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from specrag.inference import Engine, EngineConfig, GenerateRequest, Services, Trace
+from specrag.inference import Engine, EngineConfig, ModelBackend, GenerateRequest, Services, Trace
 
 
-class CountingBackend:
+class CountingBackend(ModelBackend):
     """The real model, with a record of the batch sizes it was called with."""
 
     def __init__(self, backend):

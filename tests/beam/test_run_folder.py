@@ -24,7 +24,7 @@ from specrag.transforms.runtime import RuntimeConfig
 import remotefs  # the specragtest:// scheme (tests/remotefs.py)
 from echo_method import Echo  # tests/echo_method.py
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # echo_method.py, remotefs.py
 
 
 def _queries(path: Path, rows) -> Path:
@@ -88,7 +88,7 @@ def _killed_overwrite(tmp_path: Path) -> tuple[Path, Path, dict]:
               "from specrag.transforms.runtime import RuntimeConfig;"
               "run_answer(AnswerJob(sys.argv[2], sys.argv[3], Echo(MethodConfig()), RuntimeConfig(models=()),"
               " overwrite=True, shard_rows=1))")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(HERE), str(second), str(out)],
+    proc = subprocess.Popen([sys.executable, "-c", script, str(TESTS), str(second), str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while len(list(out.glob("results-000-*.parquet"))) < 5:  # the 5 quick answers are committed
@@ -207,7 +207,7 @@ def test_builds_refuse_an_earlier_index_as_a_library_call_and_replace_it_as_a_tr
 
 def test_the_folder_rules_are_one_object_for_every_job():
     """The jobs ask RunFolder; none keeps its own copy of the rules (set-aside, refusal, resume)."""
-    repo = HERE.parent
+    repo = TESTS.parent
     for name in ("answer.py", "streaming.py", "extract_triplets.py", "build_index.py", "build_datastore.py",
                  "cli.py", "compare.py"):
         text = (repo / "pipelines" / name).read_text()

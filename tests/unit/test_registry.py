@@ -48,7 +48,7 @@ def test_registered_methods_build_with_paper_defaults(name):
 def test_every_method_has_tests_of_its_own(name):
     """A test that runs the method (create_method / --method with its name) beyond this file."""
     pattern = re.compile(rf"""(create_method\(|--method["',= ]+|method=)["']{re.escape(name)}["']""")
-    here = Path(__file__).parent
-    users = [p.name for p in sorted(here.glob("test_*.py")) if p.name != Path(__file__).name
+    tests = Path(__file__).parents[1]
+    users = [p.name for p in sorted(tests.rglob("test_*.py")) if p.name != Path(__file__).name
              and pattern.search(p.read_text())]
     assert users, f"no test runs method {name!r}"

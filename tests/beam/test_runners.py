@@ -20,7 +20,7 @@ from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.transforms.runtime import RuntimeConfig
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

@@ -76,7 +76,8 @@ def test_a_saved_adapted_denoiser_is_served_by_the_denoise_operation(adapted, tm
     denoise(), which gives the in-memory model's argmax at the masked positions and keeps the
     committed ones."""
     from specrag.training.denoiser import DenoiserReport, DenoiserTrainingConfig, save_trained
-    from specrag.inference.local import LocalDenoiser, LocalModelConfig
+    from specrag.inference.local_base import LocalModelConfig
+    from specrag.inference.local_denoiser import LocalDenoiser
     from specrag.inference.types import DenoiseRequest
     model, inputs = adapted
     folder = tmp_path / "adapted"

@@ -217,7 +217,7 @@ def test_flex_template_parameters_become_one_answer_command():
     import importlib.util
     from pathlib import Path
     from specrag.pipelines.options import JOB_OPTIONS
-    folder = Path(__file__).resolve().parents[1] / "deploy" / "beam" / "flex_template"
+    folder = Path(__file__).resolve().parents[2] / "deploy" / "beam" / "flex_template"
     spec = importlib.util.spec_from_file_location("flex_main", folder / "main.py")
     entry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(entry)

@@ -121,7 +121,7 @@ def test_knnlm_spec_equals_knnlm_token_for_token(kind, datastore_dir, lm_memo, i
     memo = lm_memo  # next-token states are per-row computations: see StepMemo
 
     def run(method):
-        engine = Engine(Services(models={"generator": memo}, datastore=store), EngineConfig(max_batch=16))
+        engine = Engine(Services(models={"generator": memo}, resources={"datastore": store}), EngineConfig(max_batch=16))
         states, failures = run_method(engine, method, queries)
         engine.close()
         assert not failures, failures[:3]
@@ -155,7 +155,7 @@ def test_knnlm_spec_equals_knnlm_with_prefix_reuse(datastore_dir, prefix_generat
     model = prefix_generator()
 
     def run(method):
-        engine = Engine(Services(models={"generator": model}, datastore=store), EngineConfig(max_batch=16))
+        engine = Engine(Services(models={"generator": model}, resources={"datastore": store}), EngineConfig(max_batch=16))
         states, failures = run_method(engine, method, queries)
         engine.close()
         assert not failures, failures[:3]

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specrag.inference import Engine, EngineConfig, GenerateRequest, Generation, Services, StageTimeout, Trace
+from specrag.inference import Engine, EngineConfig, ModelBackend, GenerateRequest, Generation, Services, StageTimeout, Trace
 
 
-class FakeLM:
+class FakeLM(ModelBackend):
     """Echoes the prompt; records every batch; fails on prompts it is told to fail on."""
 
     name = "fake"
