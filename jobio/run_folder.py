@@ -253,6 +253,8 @@ class RunFolder:
         recorded = self.recorded_inputs()
         if recorded is None or recorded == json.loads(json.dumps(input_contents(inputs))):
             return None
+        if grow_from is None and _prefix_of(recorded, json.loads(json.dumps(input_contents(inputs)))):
+            return dict(enumerate(recorded))  # a larger --limit over the same files: the earlier rows lead
         if grow_from is None:
             raise ValueError(f"cannot resume {self.path}: its results were made from other input files than "
                              f"{', '.join(inputs) or 'these'}; use the same --queries, --grow-from EARLIER_QUERIES when "
@@ -402,14 +404,29 @@ def input_contents(inputs: dict) -> list[dict]:
     return sorted((v for v in inputs.values()), key=lambda v: json.dumps(v, sort_keys=True))
 
 
+def _prefix_of(recorded: list[dict], contents: list[dict]) -> bool:
+    """Whether the recorded inputs are the first rows of the same files (``--limit`` grew)."""
+    def file_of(entry: dict) -> dict:
+        return {k: v for k, v in entry.items() if k not in ("rows", "of_rows")}
+    new = {json.dumps(file_of(c), sort_keys=True): c for c in contents}
+    for r in recorded:
+        c = new.get(json.dumps(file_of(r), sort_keys=True))
+        if c is None or not isinstance(r.get("rows"), int) or not isinstance(c.get("rows"), int) or r["rows"] > c["rows"]:
+            return False
+        if r["rows"] < c["rows"] and "of_rows" not in r:  # the earlier run read the whole file
+            return False
+    return True
+
+
 def rows_not_contained(earlier: list[str], files: list[str]) -> list[str]:
     """Ids of the rows of the ``earlier`` files that ``files`` lack or hold with other content, in file order."""
     import hashlib
 
     def digest(row: dict) -> str:
         return hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()
-    held = {(r.get("id"), digest(r)) for f in files for r in read_parquet(f).to_pylist()}
-    return [str(r.get("id")) for f in earlier for r in read_parquet(f).to_pylist()
+    from specrag.jobio.tables import read_table
+    held = {(r.get("id"), digest(r)) for f in files for r in read_table(f).to_pylist()}
+    return [str(r.get("id")) for f in earlier for r in read_table(f).to_pylist()
             if (r.get("id"), digest(r)) not in held]
 
 

@@ -28,8 +28,8 @@ from specrag.jobio.run_folder import (ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFai
                                       failure_share, input_contents, reconciliation_line)
 from specrag.pipelines.manifest import job_counters, write_manifest
 from specrag.pipelines.identity import run_fingerprint, run_identity  # noqa: F401 (the job's identity)
-from specrag.pipelines.options import (AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions, StreamOptions,
-                                       job_options, new_pipeline)
+from specrag.pipelines.options import (AnswerOptions, GrowOptions, OutputOptions, ReplaceOptions, RuntimeOptions,
+                                       StreamOptions, job_options, new_pipeline)
 from specrag.pipelines.streaming import check_streaming_input, run_streaming_answer
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
@@ -64,6 +64,7 @@ class AnswerJob:
     bad_files: str = "fail"  # or "dead-letter": an unreadable input file becomes one dead letter
     extra_manifest: dict[str, Any] = field(default_factory=dict)
     stream: Any = None  # StreamSettings (pipelines/options.py): answer an unbounded source as it arrives
+    limit: int | None = None  # only the first N query rows (files sorted, then row order)
 
     def validate(self) -> None:
         self.runtime.validate(self.method.needs, self.method.needs_retriever, self.method.needs_datastore,
@@ -76,6 +77,10 @@ class AnswerJob:
             raise ValueError("--resume and --overwrite exclude each other")
         if self.grow_from is not None and not self.resume:
             raise ValueError("--grow-from keeps an earlier run's results: it needs --resume")
+        if self.limit is not None and (self.limit < 1 or self.stream is not None):
+            raise ValueError("--limit takes the first N >= 1 rows of a batch run's queries" +
+                             (" (a streaming run has no fixed input)" if self.stream is not None else
+                              f", got {self.limit}"))
         if self.grow_from is not None and self.stream is not None:
             raise ValueError("--grow-from grows a batch run over a larger query file; a streaming run has no fixed input")
         if self.stream is not None:
@@ -90,7 +95,7 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     anti-joined with the input by id in the validation's GroupById (no ids in the graph).
     ``lease_token``: every shard commit checks that the output folder's lease is still this run's."""
     out = job.output
-    read = ReadParquetRows(job.queries, job.bad_files)
+    read = ReadParquetRows(job.queries, job.bad_files, job.limit)
     finished = p | "ReadFinished" >> ReadIds(finished_files, "id") if finished_files else None
     validator = functools.partial(validate_query, task_types=job.method.task_types)
     valid, dead_rows = p | "ValidateQueries" >> ValidateRows(read, validator, finished=finished)
@@ -142,7 +147,7 @@ def run_answer(job: AnswerJob) -> dict:
     folder = RunFolder(job.output, ANSWER)
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
-    inputs = dataset_fingerprint(expand_inputs(job.queries))
+    inputs = dataset_fingerprint(expand_inputs(job.queries), job.limit)
     grown = None
     if job.resume:
         folder.check_resumable(identity)
@@ -167,6 +172,8 @@ def _run(job: AnswerJob, folder: RunFolder, identity: dict, fingerprint: str, in
     p = new_pipeline(job.beam_args)
     build_answer_pipeline(p, job, done, attempt, fingerprint, lease_token)
     total = count_rows(expand_inputs(job.queries))
+    if total is not None and job.limit is not None:
+        total = min(total, job.limit)
     if total is not None and done:
         total = max(0, total - count_ids(done, "id"))
     with watch_progress(f"answer {job.method.name}", out, total):
@@ -227,7 +234,8 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
     method = create_method(name, **parse_settings(name, a.set or []))
     runtime = options.view_as(RuntimeOptions).runtime_config(method)
     return AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
-                     num_shards=a.shards, beam_args=beam_args, resume=o.resume, grow_from=o.grow_from,
+                     num_shards=a.shards, beam_args=beam_args, resume=o.resume,
+                     grow_from=options.view_as(GrowOptions).grow_from,
                      overwrite=r.overwrite, execution=a.execution,
                      max_failure_fraction=r.max_failure_fraction, gather_timeout_s=a.gather_timeout,
-                     shard_rows=a.shard_rows, bad_files=o.bad_files, stream=stream)
+                     shard_rows=a.shard_rows, bad_files=o.bad_files, stream=stream, limit=a.limit)

@@ -27,7 +27,7 @@ def _quiet_beam_import(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger().addFilter(_quiet_beam_import)  # before Beam is imported (the command's own module)
-from specrag.pipelines.options import (beam_args_from_flags, job_options, unparsed_beam_args,  # noqa: E402
+from specrag.pipelines.options import (beam_args_from_flags, foreign_flags, job_options, unparsed_beam_args,  # noqa: E402
                                        with_suggestions)
 
 
@@ -42,12 +42,12 @@ def cmd_import_data(args, extra) -> int:
 def cmd_build_index(args, flags) -> int:
     from specrag.pipelines.build_index import run_build_index
     from specrag.retrieval.index import DENSE_KINDS
-    from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions
+    from specrag.pipelines.options import BuildIndexOptions, CorpusOptions, KindsOptions, ReplaceOptions, RuntimeOptions
     options, beam_args = job_options(flags)
     options.view_as(BuildIndexOptions).validate()
     options.view_as(ReplaceOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
-    kinds = (corpus.kinds or "bm25").split(",")
+    kinds = (options.view_as(KindsOptions).kinds or "bm25").split(",")
     embedder = runtime.models_by_role({"embedder": "all-minilm-l6-v2"}, ("embedder",), "build-index")["embedder"]
     shards = options.view_as(BuildIndexOptions).dense_shards
     dense_params = {k: {"shards": shards} for k in kinds if k in DENSE_KINDS}
@@ -70,7 +70,8 @@ def _replace(options) -> dict:
 def cmd_build_datastore(args, flags) -> int:
     from specrag.inference.processor import resolve_dtype
     from specrag.pipelines.build_datastore import run_build_datastore
-    from specrag.pipelines.options import BuildDatastoreOptions, CorpusOptions, ReplaceOptions, RuntimeOptions
+    from specrag.pipelines.options import (BuildDatastoreOptions, CorpusOptions, KindsOptions, ReplaceOptions,
+                                           RuntimeOptions)
     options, beam_args = job_options(flags)
     job = options.view_as(BuildDatastoreOptions)
     job.validate()
@@ -81,7 +82,7 @@ def cmd_build_datastore(args, flags) -> int:
     model = runtime.models_by_role({"generator": "smollm2-135m-instruct"}, ("generator",),
                                    "build-datastore")["generator"]
     manifest = run_build_datastore(corpus.corpus, runtime.datastore, model=model, max_tokens=job.max_tokens,
-                                   max_entries=job.max_entries, kinds=tuple((corpus.kinds or "flat,hnsw").split(",")),
+                                   max_entries=job.max_entries, kinds=tuple((options.view_as(KindsOptions).kinds or "flat,hnsw").split(",")),
                                    num_threads=runtime.threads, dtype=resolve_dtype(runtime.dtype), beam_args=beam_args,
                                    **_replace(options))
     print(json.dumps(manifest["datastore"], indent=2))
@@ -217,8 +218,6 @@ def cmd_extract_triplets(args, flags) -> int:
     x, o, r = options.view_as(ExtractTripletsOptions), options.view_as(OutputOptions), options.view_as(ReplaceOptions)
     x.validate()
     r.validate()
-    if o.grow_from:
-        raise ValueError("--grow-from grows an answer run; extract-triplets resumes over the same corpus only")
     runtime = options.view_as(RuntimeOptions)
     roles = ("generator",) if x.extractor == "generator" else ()
     model = runtime.models_by_role({}, roles, f"extract-triplets --extractor {x.extractor}").get("generator")
@@ -484,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     args, extra = parser().parse_known_args(argv)
+    foreign = foreign_flags("answer" if args.command == "compare" else args.command, extra)  # compare runs answer jobs
+    if foreign:  # `extract-triplets --kinds`: another command's option, which the job would ignore
+        parser().error(f"specrag {args.command} does not take {', '.join(foreign)}")
     left = unparsed_beam_args(extra)  # Beam's own flags pass, in both of its forms
     stray = [a for a in left if not a.startswith("-")]
     if stray:  # `--retreiver dense`: the stray value belongs to a flag nobody defines; name the flag

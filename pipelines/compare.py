@@ -48,7 +48,7 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
     import pyarrow as pa
     from specrag.pipelines.build_index import run_build_index
     from specrag.importers.demo import write_demo_tables
-    from specrag.jobio.files import read_parquet
+    from specrag.jobio.tables import read_table
     from specrag.jobio.inputs import expand_inputs
     here = workdir / "data" / slug(dataset.name)
     queries, corpus = dataset.queries, dataset.corpus
@@ -65,7 +65,7 @@ def prepare_dataset(dataset: SuiteDataset, workdir: Path) -> tuple[str, str | No
         rows: list[dict] = []
         schema = None
         for f in expand_inputs(queries):  # sorted file order, then row order: deterministic
-            table = read_parquet(f)
+            table = read_table(f)
             if keep is not None:  # held-out questions only: none a trained component has seen
                 table = table.filter(pc.is_in(table.column("id"), value_set=keep))
             schema = schema or table.schema
@@ -156,11 +156,11 @@ def copy_run(source: str, out: str) -> dict:
 
 def task_types_of(queries: str) -> set[str]:
     """The task types among a dataset's questions (a missing one is short-form, as validation reads it)."""
-    from specrag.jobio.files import read_parquet
+    from specrag.jobio.tables import read_table
     from specrag.jobio.inputs import expand_inputs
     types = set()
     for f in expand_inputs(queries):
-        table = read_parquet(f)
+        table = read_table(f)
         column = table.column("task_type").to_pylist() if "task_type" in table.column_names else [None]
         types.update(t or "short_form" for t in column)
     return types

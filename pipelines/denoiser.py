@@ -179,12 +179,12 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     from specrag.evaluation.splits import load_split, split_fingerprint
     from specrag.training.denoiser import train_denoiser
     from specrag.retrieval.index import open_retriever
-    from specrag.jobio.files import read_parquet
+    from specrag.jobio.tables import read_table
     from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
     from specrag.retrieval.base import passage_text
     allowed = set(load_split(split))
     files = expand_inputs(queries)
-    rows = [r for f in files for r in read_parquet(f).to_pylist() if r.get("id") in allowed]
+    rows = [r for f in files for r in read_table(f).to_pylist() if r.get("id") in allowed]
     rows, dead = split_rows(rows, lambda r: (validate_query(r), r)[1], "train-denoiser")
     check_failures(out_dir, dead, len(rows) + len(dead), max_failure_fraction, f"questions of split {split!r}")
     rows.sort(key=lambda r: r["id"])

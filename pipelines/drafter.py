@@ -16,6 +16,7 @@ from collections import Counter
 import pyarrow as pa
 
 from specrag.jobio.files import exists, join, match_files, read_parquet, read_text, write_parquet, write_text
+from specrag.jobio.tables import read_table
 
 RATIONALES = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -44,7 +45,7 @@ def write_rationales(run_dir: str, queries: str, index: str) -> dict:
     rows = [r for f in sorted(match_files(join(run_dir, "results-*.parquet")))
             for r in read_parquet(f, columns=["id", "dataset", "trace"]).to_pylist()]
     wanted = {r["id"] for r in rows if r["trace"]["kept"]}
-    questions = {q["id"]: q for f in expand_inputs(queries) for q in read_parquet(f).to_pylist() if q.get("id") in wanted}
+    questions = {q["id"]: q for f in expand_inputs(queries) for q in read_table(f).to_pylist() if q.get("id") in wanted}
     import pyarrow.compute as pc
     doc_ids = sorted({d for r in rows if r["trace"]["kept"] for d in r["trace"]["doc_ids"]})
     table = read_parquet(join(index, "passages.parquet"), columns=["id", "title", "text"])

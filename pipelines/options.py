@@ -38,12 +38,12 @@ def _missing(options: PipelineOptions, job: str, names: tuple[str, ...]) -> None
         raise ValueError(f"{job} needs {', '.join(missing)}")
 
 
-class RuntimeOptions(PipelineOptions):
-    """Where models run and what they read: backend, models by role, index, datastore, engine."""
+class ModelOptions(PipelineOptions):
+    """Where a job's models run: backend, models by role, threads, dtype (every job with a model)."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        group = parser.add_argument_group("runtime (models, retrieval, engine)")
+        group = parser.add_argument_group("models")
         _flag(group, "backend", default="local",
               help="local: models in the worker process; triton: a Triton server (--triton-url)")
         _flag(group, "triton_url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
@@ -52,34 +52,11 @@ class RuntimeOptions(PipelineOptions):
               help="retries (exponential backoff) while the server is unavailable or overloaded")
         _flag(group, "model", action="append", metavar="ROLE=NAME",
               help="model for a role, e.g. generator=smollm2-135m-instruct, embedder=all-minilm-l6-v2")
-        _flag(group, "index", help="index folder (`specrag build-index` writes it; any FileSystems path)")
-        _flag(group, "datastore", help="KNN-LM datastore folder (`specrag build-datastore` writes it)")
-        _flag(group, "datastore_kind", default="flat", help="flat (exact) | hnsw")
-        _flag(group, "triplets", help="triplet sets of the index's passages (`specrag extract-triplets` writes them; "
-                                      "AED-RAG reads them)")
-        _flag(group, "retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
-        _flag(group, "exact_scan", default="int8", choices=("int8", "bf16", "fp32", "faiss"),
-              help="candidate pass of exact dense and datastore search on CPU (results are exact in every "
-                   "case): int8 (fbgemm; default), bf16 (AMX CPUs), fp32, or faiss (FAISS's own scan)")
         _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
-        _flag(group, "prefix_cache_mb", type=int, default=0,
-              help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off); a "
-                   "request that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
         _flag(group, "dtype", default="auto", choices=("auto", "float32", "bfloat16", "int8"),
               help="auto: bfloat16 where the CPU has AMX or AVX512-BF16 (native bf16 matmuls), else float32; "
                    "bfloat16 elsewhere is emulated and slow (it warns); int8: dynamic int8 quantisation of the "
                    "linear layers (CPU); results are not bit-equal across dtypes")
-        _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
-        _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
-        _flag(group, "max_in_flight", type=int, default=64,
-              help="queries running at once in one worker's engine (backpressure beyond)")
-        _flag(group, "stage_timeout", type=float, default=600.0,
-              help="seconds one stage of one query may run, its calls' service included, before the query "
-                   "becomes a dead letter (time queued behind other queries' calls does not count); a loop "
-                   "stage (SARDI's denoising, RaLM's and KNN-LM's tokens, AR retrieval, SPS's stages) gets "
-                   "it for each step")
-        _flag(group, "queue_timeout", type=float, default=3600.0,
-              help="the most time queued behind other queries' calls that --stage-timeout leaves out")
 
     def models_by_role(self, defaults: dict[str, str], roles: tuple[str, ...] | None = None,
                        who: str = "this job") -> dict[str, str]:
@@ -95,6 +72,73 @@ class RuntimeOptions(PipelineOptions):
                                  f"{', '.join(roles) or 'none'}")
             models[role] = name
         return models
+
+
+class IndexFolderOptions(PipelineOptions):
+    """--index: what build-index writes and answer reads."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        _flag(parser.add_argument_group("index"), "index",
+              help="index folder (`specrag build-index` writes it; any FileSystems path)")
+
+
+class DatastoreFolderOptions(PipelineOptions):
+    """--datastore: what build-datastore writes and KNN-LM reads."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        _flag(parser.add_argument_group("datastore"), "datastore",
+              help="KNN-LM datastore folder (`specrag build-datastore` writes it)")
+
+
+class RuntimeOptions(PipelineOptions):
+    """What answer's methods read and how its engine runs: retriever, datastore kind, triplets,
+    prefix reuse, micro-batching, admission and timeouts; with the models (ModelOptions), the index
+    and the datastore, read through their own views.
+
+    Every options class derives from PipelineOptions directly: Beam serialises a job's options
+    to its workers from PipelineOptions' direct subclasses only (``get_all_options``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        group = parser.add_argument_group("runtime (retrieval, engine)")
+        _flag(group, "datastore_kind", default="flat", help="flat (exact) | hnsw")
+        _flag(group, "triplets", help="triplet sets of the index's passages (`specrag extract-triplets` writes them; "
+                                      "AED-RAG reads them)")
+        _flag(group, "retriever", default="bm25", help="bm25 | lucene | dense (exact) | hnsw | ivf")
+        _flag(group, "exact_scan", default="int8", choices=("int8", "bf16", "fp32", "faiss"),
+              help="candidate pass of exact dense and datastore search on CPU (results are exact in every "
+                   "case): int8 (fbgemm; default), bf16 (AMX CPUs), fp32, or faiss (FAISS's own scan)")
+        _flag(group, "prefix_cache_mb", type=int, default=0,
+              help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off); a "
+                   "request that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
+        _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
+        _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
+        _flag(group, "max_in_flight", type=int, default=64,
+              help="queries running at once in one worker's engine (backpressure beyond)")
+        _flag(group, "stage_timeout", type=float, default=600.0,
+              help="seconds one stage of one query may run, its calls' service included, before the query "
+                   "becomes a dead letter (time queued behind other queries' calls does not count); a loop "
+                   "stage (SARDI's denoising, RaLM's and KNN-LM's tokens, AR retrieval, SPS's stages) gets "
+                   "it for each step")
+        _flag(group, "queue_timeout", type=float, default=3600.0,
+              help="the most time queued behind other queries' calls that --stage-timeout leaves out")
+
+    def models_by_role(self, defaults: dict[str, str], roles: tuple[str, ...] | None = None,
+                       who: str = "this job") -> dict[str, str]:
+        return self.view_as(ModelOptions).models_by_role(defaults, roles, who)
+
+    # the models', index's and datastore's flags, as the job's runtime reads them
+    backend = property(lambda self: self.view_as(ModelOptions).backend)
+    triton_url = property(lambda self: self.view_as(ModelOptions).triton_url)
+    triton_timeout = property(lambda self: self.view_as(ModelOptions).triton_timeout)
+    triton_retries = property(lambda self: self.view_as(ModelOptions).triton_retries)
+    model = property(lambda self: self.view_as(ModelOptions).model)
+    threads = property(lambda self: self.view_as(ModelOptions).threads)
+    dtype = property(lambda self: self.view_as(ModelOptions).dtype)
+    index = property(lambda self: self.view_as(IndexFolderOptions).index)
+    datastore = property(lambda self: self.view_as(DatastoreFolderOptions).datastore)
 
     def roles_for(self, method) -> tuple[str, ...]:
         """A method's model roles, with the embedder where the retriever embeds queries."""
@@ -130,6 +174,17 @@ class RuntimeOptions(PipelineOptions):
         return config.with_roles(method.model_roles) if method is not None else config
 
 
+class GrowOptions(PipelineOptions):
+    """`specrag answer --resume --grow-from`: an earlier run over a smaller query set grows."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        _flag(parser.add_argument_group("output"), "grow_from", default=None, metavar="EARLIER_QUERIES",
+              help="with --resume, the queries the earlier attempts answered when --queries holds them and "
+                   "more (a longer prefix of the same set): their results are kept once every earlier row is "
+                   "found in --queries unchanged")
+
+
 class OutputOptions(PipelineOptions):
     """Where a job writes (answer, extract-triplets), and what it does with unreadable input."""
 
@@ -139,12 +194,8 @@ class OutputOptions(PipelineOptions):
         _flag(group, "output", help="output folder (any FileSystems path); required")
         _flag(group, "resume", action="store_true",
               help="keep earlier output in --output and process only the rows without one")
-        _flag(group, "grow_from", default=None, metavar="EARLIER_QUERIES",
-              help="answer: with --resume, the queries the earlier attempts answered when --queries holds them and "
-                   "more (a longer prefix of the same set): their results are kept once every earlier row is "
-                   "found in --queries unchanged")
         _flag(group, "bad_files", default="fail", choices=("fail", "dead-letter"),
-              help="an unreadable input Parquet file stops the job at start (fail) or becomes one "
+              help="an unreadable input file stops the job at start (fail) or becomes one "
                    "dead letter naming it while the other files are processed")
 
 
@@ -220,7 +271,11 @@ class AnswerOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser):
         group = parser.add_argument_group("answer")
-        _flag(group, "queries", help="Parquet file or glob (any FileSystems path); required")
+        _flag(group, "queries", help="Parquet, JSON lines (.jsonl) or CSV file, a folder of them, or a glob "
+                                       "(any FileSystems path); columns id, question; required")
+        _flag(group, "limit", type=int, default=None,
+              help="answer only the first N queries (files in sorted order, then row order); a later "
+                   "--resume with a larger --limit grows the run")
         _flag(group, "method", default="standard", help="a registered method (listed below)")
         _flag(group, "set", action="append", metavar="KEY=VALUE",
               help="method setting, parsed to the setting's type, e.g. top_k=5")
@@ -247,10 +302,18 @@ class CorpusOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser):
         group = parser.add_argument_group("corpus")
-        _flag(group, "corpus", help="passages Parquet file or glob (id, title, text); required")
-        _flag(group, "kinds", help="comma-separated index kinds to build "
-                                   "(build-index: bm25,lucene,dense,hnsw,ivf, default bm25; "
-                                   "build-datastore: flat,hnsw, default both)")
+        _flag(group, "corpus", help="passages: a Parquet, JSON lines or CSV file, a folder of them, or a glob "
+                                      "(columns id, text, optional title); required")
+
+
+class KindsOptions(PipelineOptions):
+    """--kinds: what build-index and build-datastore build."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        _flag(parser.add_argument_group("corpus"), "kinds",
+              help="comma-separated kinds to build (build-index: bm25,lucene,dense,hnsw,ivf, default bm25; "
+                   "build-datastore: flat,hnsw, default both)")
 
 
 class BuildIndexOptions(PipelineOptions):
@@ -442,11 +505,14 @@ def new_pipeline(beam_args: tuple[str, ...] | list[str]):
     return beam.Pipeline(runner=FnApiRunner(provision_info=provision), options=options)
 
 
+# each command's own flags (its --help, and what it refuses as unknown); a job reads its options
+# with view_as(RuntimeOptions) all the same, with the defaults of the flags it does not take
 JOB_OPTIONS = {
-    "answer": (AnswerOptions, OutputOptions, ReplaceOptions, RuntimeOptions, StreamOptions),
-    "extract-triplets": (ExtractTripletsOptions, CorpusOptions, OutputOptions, ReplaceOptions, RuntimeOptions),
-    "build-index": (BuildIndexOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),
-    "build-datastore": (BuildDatastoreOptions, CorpusOptions, ReplaceOptions, RuntimeOptions),
+    "answer": (AnswerOptions, OutputOptions, GrowOptions, ReplaceOptions, ModelOptions, IndexFolderOptions, DatastoreFolderOptions,
+               RuntimeOptions, StreamOptions),
+    "extract-triplets": (ExtractTripletsOptions, CorpusOptions, OutputOptions, ReplaceOptions, ModelOptions),
+    "build-index": (BuildIndexOptions, CorpusOptions, KindsOptions, ReplaceOptions, ModelOptions, IndexFolderOptions),
+    "build-datastore": (BuildDatastoreOptions, CorpusOptions, KindsOptions, ReplaceOptions, ModelOptions, DatastoreFolderOptions),
 }
 
 
@@ -480,6 +546,18 @@ def with_suggestions(flags: list[str]) -> str:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
         out.append(f"{name} (did you mean {close[0]}?)" if close else name)
     return ", ".join(out)
+
+
+def foreign_flags(command: str, flags: list[str]) -> list[str]:
+    """Flags of other specrag commands among ``flags`` (what ``command``'s own parser left over),
+    each with the commands that take it: Beam would take them silently as pipeline options."""
+    owners: dict[str, list[str]] = {}
+    for name, classes in JOB_OPTIONS.items():
+        for cls in classes:
+            for o in _option_strings(cls):
+                owners.setdefault(o, []).append(name)
+    return [f"{f.split('=', 1)[0]} (an option of {', '.join(sorted(set(owners[f.split('=', 1)[0]])))})"
+            for f in flags if f.split("=", 1)[0] in owners and command not in owners[f.split("=", 1)[0]]]
 
 
 def _option_strings(cls) -> list[str]:

@@ -24,7 +24,8 @@ from typing import Iterator, TextIO
 
 import apache_beam as beam
 
-from specrag.jobio.files import delete, join, match_files, mkdirs, open_parquet, read_text, write_text
+from specrag.jobio.files import delete, join, match_files, mkdirs, read_text, write_text
+from specrag.jobio.tables import open_table
 
 PROGRESS_DIR = ".progress"
 KINDS = ("done", "dead", "admitted", "failed")  # admitted / failed: a streaming job's queries in, failed in a stage
@@ -106,9 +107,9 @@ def read_progress(folder: str, last: dict[str, int] | None = None) -> dict[str, 
 
 
 def count_rows(files: list[str]) -> int | None:
-    """Rows in Parquet files from their footers (no data read); None if one is unreadable."""
+    """Rows in input files (a Parquet footer, no data read); None if one is unreadable."""
     try:
-        return sum(open_parquet(f).metadata.num_rows for f in files)
+        return sum(open_table(f).metadata.num_rows for f in files)
     except Exception:
         return None
 

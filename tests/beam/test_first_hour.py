@@ -1,5 +1,7 @@
 """A newcomer's first hour: a few questions of a benchmark set, a table with only the columns it
 needs (and one line when one is missing), and a quiet console on success."""
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -35,3 +37,72 @@ def test_minimal_tables_work_and_a_missing_column_is_one_line_before_anything_is
     noise = [ln for ln in captured.err.splitlines() if ln.startswith(("DEBUG", "INFO", "WARNING"))]
     assert not noise, noise  # the progress line and the result, no library logging
     assert "reconciliation: 1 input rows = 1 results + 0 dead letters" in captured.out
+
+
+def test_limit_answers_the_first_rows_in_file_order_and_a_larger_limit_grows_the_run(tmp_path, capsys):
+    from specrag.methods import MethodConfig
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    from specrag.transforms.runtime import RuntimeConfig
+    from echo_method import Echo  # tests/echo_method.py
+    folder = tmp_path / "queries"
+    folder.mkdir()
+    for name, ids in (("a", range(2)), ("b", range(2, 6))):
+        pq.write_table(pa.Table.from_pylist([{"id": f"q{i}", "question": f"question {i}"} for i in ids]),
+                       folder / f"{name}.parquet")
+    out = tmp_path / "out"
+
+    def run(limit, **kw):
+        return run_answer(AnswerJob(str(folder / "*.parquet"), str(out), Echo(MethodConfig()), RuntimeConfig(models=()),
+                                    limit=limit, **kw))
+
+    def ids():
+        return sorted(r["id"] for f in out.glob("results-*.parquet") for r in pq.read_table(f).to_pylist())
+
+    first = run(3)
+    assert ids() == ["q0", "q1", "q2"]  # a.parquet whole, then b.parquet's first row
+    assert first["reconciliation"]["input_rows"] == 3 and first["reconciliation"]["lost"] == 0
+    assert sorted(v["rows"] for v in first["inputs"].values()) == [1, 2]
+    grown = run(5, resume=True)
+    assert ids() == ["q0", "q1", "q2", "q3", "q4"]
+    assert grown["resumed"]["skipped_finished"] == 3 and grown["reconciliation"]["input_rows"] == 5
+    with pytest.raises(ValueError, match="cannot resume"):
+        run(2, resume=True)  # fewer rows than the run answered: not the same query set
+    with pytest.raises(SystemExit):
+        main(["answer", "--help"])
+    assert "--limit" in capsys.readouterr().out
+
+
+def test_queries_and_corpora_from_json_lines_and_csv(tmp_path, capsys):
+    (tmp_path / "corpus.csv").write_text('id,title,text\n007,Paris,"Paris is the capital of France."\n'
+                                         '008,Rome,"Rome is the capital of Italy."\n')
+    (tmp_path / "queries.jsonl").write_text('{"id": 1, "question": "capital of France"}\n'
+                                            '{"id": "q2", "question": "capital of Italy"}\n')
+    assert main(["build-index", "--corpus", str(tmp_path / "corpus.csv"), "--index", str(tmp_path / "index")]) == 0
+    passages = pq.read_table(tmp_path / "index" / "passages.parquet").column("id").to_pylist()
+    assert sorted(passages) == ["007", "008"]  # a CSV id keeps its zeros
+    assert main(["answer", "--index", str(tmp_path / "index"), "--method", "retrieve-only",
+                 "--queries", str(tmp_path / "queries.jsonl"), "--output", str(tmp_path / "out")]) == 0
+    rows = {r["id"]: r for f in (tmp_path / "out").glob("results-*.parquet") for r in pq.read_table(f).to_pylist()}
+    assert set(rows) == {"1", "q2"}
+    (tmp_path / "broken.jsonl").write_text('{"id": "q1", "question": "fine"}\n{"id": "q2", "question": \n')
+    capsys.readouterr()
+    assert main(["answer", "--index", str(tmp_path / "index"), "--method", "retrieve-only",
+                 "--queries", str(tmp_path / "broken.jsonl"), "--output", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.jsonl: not a readable JSON lines file" in err[0], err
+
+
+@pytest.mark.parametrize("command, own, others", [
+    ("build-index", ("--corpus", "--kinds", "--index", "--model"), ("--engine-batch", "--datastore", "--grow-from",
+                                                                    "--retriever", "--limit")),
+    ("extract-triplets", ("--corpus", "--extractor", "--output"), ("--kinds", "--grow-from", "--index",
+                                                                   "--max-in-flight")),
+    ("answer", ("--queries", "--limit", "--grow-from", "--engine-batch"), ("--corpus", "--extractor", "--dense-shards")),
+])
+def test_each_command_help_lists_only_its_own_options(command, own, others, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    flags = set(re.findall(r"^\s+(--[a-z-]+)", capsys.readouterr().out, re.M))
+    assert set(own) <= flags and not flags & set(others), flags
+    with pytest.raises(SystemExit):  # and refuses another command's option as unknown
+        main([command, others[0], "1"])
