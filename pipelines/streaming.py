@@ -14,9 +14,13 @@ ids in its results are skipped, as a batch resume skips them.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import signal
+import sys
+import threading
 import time
 from dataclasses import asdict
 from typing import Any, Tuple
@@ -31,7 +35,7 @@ from apache_beam.utils.timestamp import Duration
 from specrag.methods.base import QueryState
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
-from specrag.jobio.files import delete, join, match_files, read_parquet, read_text, write_text
+from specrag.jobio.files import delete, exists, join, match_files, read_parquet, read_text, write_text
 from specrag.jobio.run_folder import ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFolder
 from specrag.pipelines.identity import run_fingerprint, run_identity
 from specrag.pipelines.manifest import job_counters, write_manifest
@@ -70,10 +74,41 @@ def check_streaming_input(queries: str, streaming: bool, runner: str, stream: St
                          "which reads Pub/Sub on its streaming runner)")
 
 
-def query_source(queries: str, stream: StreamSettings) -> beam.PTransform:
+STOP_MARKER = ".stop"  # in the output folder: the watch source ends when it appears (a signal's drain)
+
+
+def query_source(queries: str, stream: StreamSettings, stop_marker: str | None = None) -> beam.PTransform:
     if is_pubsub(queries):
         return PubSubQueries(queries, stream.timestamp_attribute)
-    return WatchQueryFiles(watch_pattern(queries), stream.poll_interval_s, stream.stop_after_s)
+    return WatchQueryFiles(watch_pattern(queries), stream.poll_interval_s, stream.stop_after_s, stop_marker)
+
+
+@contextlib.contextmanager
+def drain_on_signals(marker: str, label: str):
+    """SIGINT or SIGTERM while a streaming job runs: write the stop marker, so the watch source ends
+    at its next poll and the job drains the queries in flight and stops (manifest ``stopped``, the
+    lease released); a second signal stops at once. Handlers are only set in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, frame):
+        if exists(marker):  # the second signal: stop now
+            for s, h in previous.items():
+                signal.signal(s, h)
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopped without draining")
+        write_text(marker, f"{signal.Signals(signum).name} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+        print(f"{label}: {signal.Signals(signum).name}: no new queries; draining the ones in flight "
+              "(again to stop at once)", file=sys.stderr, flush=True)
+
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _windows(stream: StreamSettings) -> beam.WindowInto:
@@ -114,7 +149,7 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
     TestStream); by default the job's own source."""
     out = job.output
     if rows is None:
-        rows = p | "Queries" >> query_source(job.queries, stream)
+        rows = p | "Queries" >> query_source(job.queries, stream, join(out, STOP_MARKER))
     validator = functools.partial(validate_query, task_types=job.method.task_types)
     admitted = rows | "AdmitQueries" >> beam.ParDo(AdmitRows(
         validator, stream.allowed_lateness_s, stream.event_time_field)).with_outputs(DEAD, main="valid")
@@ -233,12 +268,17 @@ def run_streaming_answer(job, rows=None) -> dict:
         p = new_pipeline(job.beam_args)
         build_streaming_answer_pipeline(p, job, stream, rows=rows(p) if rows else None, finished_files=done,
                                         fingerprint=fingerprint, lease_token=lease.token, manifest_base=base)
-        with watch_progress(f"answer {job.method.name} (streaming)", out, None, rate_window_s=300):
+        label = f"answer {job.method.name} (streaming)"
+        marker = join(out, STOP_MARKER)
+        delete([marker] if exists(marker) else [])  # an earlier run's stop is not this one's
+        with watch_progress(label, out, None, rate_window_s=300), drain_on_signals(marker, label):
             result = p.run()
             result.wait_until_finish()
+        stopped_by = read_text(marker).strip() if exists(marker) else None
+        delete([marker] if stopped_by else [])
         running = json.loads(read_text(join(out, "manifest.json")))
         manifest = write_manifest(out, {
-            **base, "status": "stopped", "wall_s": round(time.time() - started, 3),
+            **base, "status": "stopped", "wall_s": round(time.time() - started, 3), "stopped_by": stopped_by,
             "windows": window_counts(out, stream.window_s),
             # what the per-window updates said while the job ran (exact on a streaming runner)
             "windows_reported": running.get("windows", {}),

@@ -108,20 +108,56 @@ class _PollFiles(beam.DoFn):
                 yield TimestampedValue(row, now)
 
 
+def _ticks_until_marker():
+    """Beam's PeriodicImpulse DoFn that also ends when a stop marker file appears (checked before
+    each tick): the source then finishes, its watermark passes every window and the job drains
+    what is in flight and ends, on any runner (the marker is a FileSystems path, which every
+    worker reads; a signal reaches only the launching process)."""
+    from apache_beam.transforms.periodicsequence import ImpulseSeqGenDoFn, ImpulseSeqGenRestrictionProvider
+    from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+
+    class TicksUntilMarker(ImpulseSeqGenDoFn):
+        def __init__(self, marker: str):
+            super().__init__()
+            self.marker = marker
+
+        @beam.DoFn.unbounded_per_element()
+        def process(self, element, restriction_tracker=beam.DoFn.RestrictionParam(ImpulseSeqGenRestrictionProvider()),
+                    watermark_estimator=beam.DoFn.WatermarkEstimatorParam(ManualWatermarkEstimator.default_provider())):
+            from apache_beam.io.filesystems import FileSystems
+            if FileSystems.exists(self.marker):
+                # claim the restriction's last position: the tracker is done, nothing more is read
+                last = restriction_tracker.current_restriction().stop - 1
+                if last >= restriction_tracker.current_restriction().start:
+                    restriction_tracker.try_claim(last)
+                return
+            yield from super().process(element, restriction_tracker, watermark_estimator)
+
+    return TicksUntilMarker
+
+
 class WatchQueryFiles(beam.PTransform):
     """New query files under a glob, polled every ``interval_s`` until ``stop_after_s`` (None:
-    forever)."""
+    forever) or until the file ``stop_marker`` exists (``specrag answer --streaming`` writes it
+    when it gets SIGINT or SIGTERM: the job drains and stops)."""
 
-    def __init__(self, pattern: str, interval_s: float, stop_after_s: float | None = None):
+    def __init__(self, pattern: str, interval_s: float, stop_after_s: float | None = None,
+                 stop_marker: str | None = None):
         super().__init__()
         self.pattern, self.interval_s, self.stop_after_s = pattern, interval_s, stop_after_s
+        self.stop_marker = stop_marker
 
     def expand(self, pbegin):
         from apache_beam.transforms.periodicsequence import PeriodicImpulse
         start = Timestamp.now()
         stop = start + self.stop_after_s if self.stop_after_s is not None else MAX_TIMESTAMP
-        ticks = pbegin | "Poll" >> PeriodicImpulse(start_timestamp=start, stop_timestamp=stop,
-                                                   fire_interval=self.interval_s)
+        if self.stop_marker is None:
+            ticks = pbegin | "Poll" >> PeriodicImpulse(start_timestamp=start, stop_timestamp=stop,
+                                                       fire_interval=self.interval_s)
+        else:
+            ticks = (pbegin
+                     | "PollStart" >> beam.Create([(start, stop, float(self.interval_s))])
+                     | "Poll" >> beam.ParDo(_ticks_until_marker()(self.stop_marker)))
         return ticks | "NewFiles" >> beam.ParDo(_PollFiles(self.pattern))
 
 

@@ -168,3 +168,43 @@ def test_streaming_input_and_runner_are_checked_at_start(tmp_path, capsys):
     assert main(base + ["--streaming", "--queries", f"{tmp_path}/", "--stop-after", "5", "--window", "0"]) == 2
     assert "--window must be > 0 seconds" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_sigint_drains_the_queries_in_flight_and_stops_within_seconds(tmp_path):
+    """`specrag answer --streaming` over a watched folder: SIGINT ends the watch at its next poll,
+    the job answers what it admitted, writes the manifest `stopped` and releases the lease, long
+    before --stop-after (the FnApiRunner ignored SIGINT and ran to --stop-after before)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    from specrag.jobio.run_folder import LEASE_FILE
+    from specrag.pipelines.cli import main
+    pq.write_table(pa.Table.from_pylist([{"id": "p1", "title": "Paris", "text": "Paris is the capital of France."}]),
+                   tmp_path / "corpus.parquet")
+    assert main(["build-index", "--corpus", str(tmp_path / "corpus.parquet"), "--index", str(tmp_path / "index")]) == 0
+    watch, out = tmp_path / "in", tmp_path / "out"
+    watch.mkdir()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "specrag"), "answer", "--streaming",
+                             "--queries", f"{watch}/", "--output", str(out), "--index", str(tmp_path / "index"),
+                             "--method", "retrieve-only", "--poll-interval", "1", "--window", "5",
+                             "--stop-after", "900"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pq.write_table(pa.Table.from_pylist([{"id": "q1", "question": "capital of France"}]), watch / "a.parquet")
+        deadline = time.time() + 180
+        while not _rows(out, "results") and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        assert [r["id"] for r in _rows(out, "results")] == ["q1"]
+        signalled = time.time()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0, proc.stdout.read()
+        assert time.time() - signalled < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "stopped" and manifest["stopped_by"].startswith("SIGINT")
+    assert manifest["account"]["results"] == 1 and not (out / LEASE_FILE).exists() and not (out / ".stop").exists()
