@@ -20,7 +20,7 @@ export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs install install-verifier install-triton install-gpu install-chromium demo test test-fast test-full compare-smoke triton-serve clean
+.PHONY: docs install install-verifier install-triton install-gpu install-chromium install-prism demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -57,6 +57,17 @@ install-triton: install
 triton-serve: install-triton
 	$(PY) deploy/triton/launch.py serve
 
+# Prism, Beam's portable reference runner (keyed state, timers, streaming), built from Beam's Go
+# module at the installed Beam's version (the Go toolchain checks the module against its checksum
+# database); Beam's own start-up would download a release binary, which these machines cannot.
+# Use it with --runner=PrismRunner --prism_location=$(CURDIR)/.engines/bin/prism.
+BEAM_VERSION := $(shell sed -n 's/.*"apache-beam==\([0-9.]*\)".*/\1/p' setup.py | head -1)
+PRISM := .engines/bin/prism
+install-prism: $(PRISM)
+$(PRISM): setup.py
+	GOBIN=$(CURDIR)/.engines/bin go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
+	go version -m $@ | grep -q "github.com/apache/beam/sdks/v2[[:space:]]*v$(BEAM_VERSION)"
+
 # GPU machines: FAISS from faiss-gpu instead of faiss-cpu (both provide the `faiss` module and
 # must never be installed together); specrag moves flat and IVF indexes to the GPU when it sees one.
 install-gpu: install
@@ -81,7 +92,7 @@ install-chromium:
 TEST_WORKERS ?= 2
 PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test: install install-triton install-chromium
+test: install install-triton install-chromium install-prism
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests
 	$(MAKE) compare-smoke
@@ -102,4 +113,4 @@ test-full: install install-triton install-verifier
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m full
 
 clean:
-	rm -rf $(VENV) .venv-triton .tmp runs
+	rm -rf $(VENV) .venv-triton .tmp runs .engines

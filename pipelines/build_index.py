@@ -22,7 +22,7 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.parquetio import WriteToParquet
-from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+from apache_beam.ml.inference.base import RunInference
 
 from specrag.inference.triton import TritonConfig
 from specrag.pipelines.manifest import write_manifest
@@ -33,13 +33,22 @@ from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS, PASSAGES
 from specrag.schemas.validation import validate_passage
 from specrag.jobio import files
 from specrag.jobio.run_folder import INDEX, RunFolder
-from specrag.transforms.model_handler import BackendModelHandler
+from specrag.transforms.model_handler import BackendModelHandler, BlockHandler
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
 from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
 from specrag.transforms.validate import MARK_FIELD, ReadIds, ValidateRows
 
 EMBEDDINGS = pa.schema([pa.field("id", pa.string()), pa.field("vector", pa.list_(pa.float32()))])
+
+
+EMBED_BLOCK_ROWS = 256  # passages a block holds on average: the unit a worker embeds (in calls of 64)
+
+
+def embedding_block(passage_id: str, blocks: int) -> int:
+    """The block a passage is embedded in: a stable hash of its id (not Python's salted hash)."""
+    import zlib
+    return zlib.crc32(passage_id.encode("utf-8")) % blocks
 
 
 def _vector_row(kv) -> dict:
@@ -134,9 +143,9 @@ def _build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str
     precomputed = sorted({f for pattern in patterns for f in expand_inputs(pattern)})
     if precomputed and not dense:
         raise ValueError("--embeddings (precomputed vectors) needs a dense kind in --kinds")
-    handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton,
-                                  min_batch_size=32, max_batch_size=256) if dense else None
+    handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton) if dense else None
     inputs = expand_inputs(corpus)
+    blocks = max(1, -(-(count_rows(inputs) or 0) // EMBED_BLOCK_ROWS))
     index_dir = str(index_dir)
     files.mkdirs(index_dir)
     files.remove_tree(files.join(index_dir, "shards"))  # also a killed run's beam-temp folders
@@ -167,8 +176,13 @@ def _build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str
             written.append(
                 to_embed
                 | "TextById" >> beam.Map(lambda r: (r["id"], passage_text(r["title"], r["text"])))
-                | "SpreadTexts" >> beam.Reshuffle()  # over the workers: a corpus may be one row group
-                | "Embed" >> RunInference(KeyedModelHandler(handler))
+                # blocks fixed by the ids (a shuffle that also spreads them over the workers): the
+                # model's batches are the same on every runner, so are the vectors, bit for bit
+                | "BlockById" >> beam.Map(lambda kv: (embedding_block(kv[0], blocks), kv))
+                | "EmbeddingBlocks" >> beam.GroupByKey()
+                | "SortBlock" >> beam.MapTuple(lambda _, pairs: sorted(pairs))
+                | "Embed" >> RunInference(BlockHandler(handler))
+                | "PerPassage" >> beam.FlatMap(lambda result: result.inference)
                 | "ProgressEmbedded" >> CountProgress(progress, "done")
                 | "ToVectorRows" >> beam.Map(_vector_row)
                 | "WriteEmbeddings" >> WriteToParquet(files.join(index_dir, "embeddings", "part"), EMBEDDINGS,

@@ -18,6 +18,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from specrag.inference.engine import ModelBackend  # noqa: E402 (after the offline settings)
 
 REPO = Path(__file__).resolve().parents[1]
+PRISM = REPO / ".engines" / "bin" / "prism"  # make install-prism
 BEAM_ARGS = ("--runner=FnApiRunner",)
 
 
@@ -71,12 +72,14 @@ def _pooled_key(corpus: Path, kinds: list[str]) -> str:
     import inspect
     from specrag.inference.local_encoder import LocalEncoder
     from specrag.inference.models import model_identity
+    from specrag.pipelines.build_index import embedding_block
     from specrag.retrieval.index import assemble_vectors, finish_index
+    from specrag.transforms.model_handler import BlockHandler
     h = hashlib.sha256(corpus.read_bytes())
     h.update(",".join(kinds).encode())
     for name in ("base", "bm25", "lucene", "dense"):
         h.update((REPO / "retrieval" / f"{name}.py").read_bytes())
-    for obj in (finish_index, assemble_vectors, LocalEncoder):
+    for obj in (finish_index, assemble_vectors, LocalEncoder, embedding_block, BlockHandler):  # how it embeds
         h.update(inspect.getsource(obj).encode())
     if {"dense", "hnsw", "ivf"} & set(kinds):
         h.update(model_identity("all-minilm-l6-v2").encode())
@@ -291,3 +294,18 @@ def adapted_denoiser_folder(folder, base):
     save_trained(model, tokenizer, DenoiserTrainingConfig(response_tokens=8, max_positions=64), DenoiserReport(),
                  folder, str(base), True, {})
     return folder
+
+
+@pytest.fixture(scope="session")
+def prism() -> str:
+    """The Prism binary `make install-prism` built, checked to be the installed Beam's version."""
+    import re
+    import subprocess
+
+    import apache_beam
+    if not PRISM.is_file():
+        pytest.fail(f"no Prism binary at {PRISM}: run `make install-prism`")
+    info = subprocess.run(["go", "version", "-m", str(PRISM)], capture_output=True, text=True, check=True).stdout
+    built = re.search(r"^\s*mod\s+github\.com/apache/beam/sdks/v2\s+(\S+)", info, re.M)
+    assert built and built.group(1) == f"v{apache_beam.__version__}", info
+    return str(PRISM)

@@ -67,3 +67,46 @@ class BackendModelHandler(ModelHandler[Any, PredictionResult, Any]):
 
     def get_metrics_namespace(self) -> str:
         return f"specrag.{self.operation}"
+
+
+class BlockHandler(ModelHandler[Any, PredictionResult, Any]):
+    """A ``BackendModelHandler`` over blocks: each element is a list of ``(key, input)`` pairs,
+    served as calls of at most ``rows`` inputs in the block's order, whatever the bundles.
+
+    Why not RunInference's own batching: a batch follows the runner's bundles, and a float
+    kernel's last bits depend on its batch's shape (padding, GEMM blocking), so the same corpus
+    embedded on Prism and on the FnApiRunner gave other vectors. Blocks fixed by the data give
+    byte-identical outputs on every runner (build-index's "indexes byte-identical").
+
+    Example usage::
+
+        blocks | RunInference(BlockHandler(BackendModelHandler("local", "all-minilm-l6-v2", "embed")))
+    """
+
+    def __init__(self, inner: BackendModelHandler, rows: int = 64):
+        super().__init__()
+        self.inner, self.rows = inner, rows
+
+    def load_model(self) -> Any:
+        return self.inner.load_model()
+
+    def run_inference(self, batch: Sequence[Any], model: Any,
+                      inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
+        out = []
+        for block in batch:
+            results = []
+            for start in range(0, len(block), self.rows):
+                chunk = block[start:start + self.rows]
+                results.extend(self.inner.run_inference([x for _, x in chunk], model, inference_args))
+            out.append(PredictionResult(block, list(zip((k for k, _ in block), results)), results[0].model_id
+                                        if results else None))
+        return out
+
+    def batch_elements_kwargs(self) -> dict[str, int]:
+        return {"min_batch_size": 1, "max_batch_size": 1}
+
+    def share_model_across_processes(self) -> bool:
+        return self.inner.share_model_across_processes()
+
+    def get_metrics_namespace(self) -> str:
+        return self.inner.get_metrics_namespace()

@@ -1,8 +1,10 @@
-"""The same `specrag answer` job on three runner set-ups gives the same results, and each
+"""The same `specrag answer` job on several runner set-ups gives the same results, and each
 worker process loads its models once: the FnApiRunner with one worker, with two worker
-processes, and the PortableRunner against a Beam job service (the Job API that Flink's and
-Spark's job servers speak), LOOPBACK environment; and specrag installed from its sdist in a
-worker pool of its own (EXTERNAL environment), the stand-in here for Flink's and Dataflow's workers."""
+processes, the PortableRunner against a Beam job service (the Job API that Flink's and Spark's
+job servers speak), LOOPBACK environment, and Prism (Beam's portable reference runner, built at
+the installed Beam's version by `make install-prism`: its own keyed state, timers and shuffles);
+and specrag installed from its sdist in a worker pool of its own (EXTERNAL environment), the
+stand-in here for Flink's and Dataflow's workers."""
 import json
 import os
 import socket
@@ -54,7 +56,7 @@ RUNNERS = {
 }
 
 METHODS = {  # small settings: the claim is about the runtime, not the method's quality
-    "standard": {"top_k": 3, "max_new_tokens": 24},
+    "standard": {"top_k": 3, "max_new_tokens": 24, "batch_invariant": True},  # runners bundle differently
     "speculative-rag": {"top_k": 4, "drafts": 2, "docs_per_draft": 2, "rationale_max_new_tokens": 8,
                         "answer_max_new_tokens": 16, "batch_invariant": True},
 }
@@ -73,7 +75,7 @@ POPQA_SETTINGS = {  # short answers; each query decoded alone, so no answer depe
 
 @pytest.mark.parametrize("method_name, data, n", PARAMS)
 def test_same_results_on_every_runner_and_one_model_load_per_process(method_name, data, n, request,
-                                                                     job_service, tmp_path):
+                                                                     job_service, prism, tmp_path):
     if data == "demo":
         table, index, settings = request.getfixturevalue("demo_tables")[0], request.getfixturevalue("demo_index"), \
             METHODS[method_name]
@@ -89,6 +91,7 @@ def test_same_results_on_every_runner_and_one_model_load_per_process(method_name
     runners = dict(RUNNERS)
     if method_name == "standard" or data != "demo":  # the job service's path does not depend on the method
         runners["portable"] = ["--runner=PortableRunner", f"--job_endpoint={job_service}", "--environment_type=LOOPBACK"]
+    runners["prism"] = ["--runner=PrismRunner", f"--prism_location={prism}"]  # fan-out and keyed re-join too
     answers, manifests = {}, {}
     for name, args in runners.items():
         out = tmp_path / name
@@ -101,6 +104,7 @@ def test_same_results_on_every_runner_and_one_model_load_per_process(method_name
     assert set(answers["fnapi-1"]) == ids
     assert answers["fnapi-2-processes"] == answers["fnapi-1"]
     assert answers.get("portable", answers["fnapi-1"]) == answers["fnapi-1"]
+    assert answers["prism"] == answers["fnapi-1"]
     n_models = len(runtime.models)
     for name, manifest in manifests.items():
         counters = manifest["counters"]
@@ -237,3 +241,24 @@ def test_local_workers_exit_when_the_job_that_launched_them_is_killed(tmp_path):
     for w in alive:
         os.kill(w, 9)
     assert not alive, f"SDK workers {alive} kept running after their launcher was killed"
+
+
+def test_build_index_on_prism_is_byte_identical(demo_tables, demo_index, prism, tmp_path):
+    """build-index (BM25 and exact dense, embedding in the job) on Prism writes the very files the
+    FnApiRunner wrote (the demo index): the passages, the BM25 arrays, the vectors and the FAISS
+    index; the manifests differ only in their build record (runner, time), and the intermediate
+    embedding shards in how many the runner cut."""
+    from specrag.pipelines.build_index import run_build_index
+    out = tmp_path / "index"
+    run_build_index(str(demo_tables[1]), str(out), ["bm25", "dense"],
+                    beam_args=("--runner=PrismRunner", f"--prism_location={prism}"))
+    def content(folder):  # what search reads; the embeddings' shards are the runner's to cut
+        return sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file() and
+                      (p.parent.name in ("bm25", "dense") or p.name in ("passages.parquet", "vectors.npy")))
+    files = content(demo_index)
+    assert len(files) >= 9 and files == content(out)
+    for name in files:
+        assert (out / name).read_bytes() == (demo_index / name).read_bytes(), name
+    from specrag.transforms.runtime import manifest_fingerprint
+    assert manifest_fingerprint(json.loads((out / "manifest.json").read_text())) == \
+        manifest_fingerprint(json.loads((demo_index / "manifest.json").read_text()))

@@ -358,19 +358,21 @@ def test_batch_invariant_steps_do_not_depend_on_the_batch(generator, imported):
 
 
 @pytest.mark.slow
-def test_ralmspec_in_the_beam_pipeline_equals_ralmseq(demo_tables, demo_index, tmp_path):
-    """The real model and the Beam graph end to end, with every extra on."""
+def test_ralmspec_in_the_beam_pipeline_equals_ralmseq(demo_tables, demo_index, prism, tmp_path):
+    """The real model and the Beam graph end to end, with every extra on: RaLMSpec on Prism (its own
+    bundles, keyed state and shuffles) gives RaLMSeq's output on the FnApiRunner, token for token."""
     from specrag.methods import create_method
     from specrag.pipelines.answer import AnswerJob, run_answer
     from specrag.transforms.runtime import RuntimeConfig
     outputs = {}
+    runners = {"ralmseq": ("--runner=FnApiRunner",), "ralmspec": ("--runner=PrismRunner", f"--prism_location={prism}")}
     for name, extra in (("ralmseq", {}), ("ralmspec", dict(prefetch=True, os3=True, async_verification=True,
                                                            sequential_fallback=False))):
         method = create_method(name, **TEST_SETTINGS, **extra)
         out = tmp_path / name
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method,
                              RuntimeConfig(index_dir=str(demo_index)).with_roles(method.model_roles),
-                             batch_size=8, num_shards=2, beam_args=("--runner=FnApiRunner",)))
+                             batch_size=8, num_shards=2, beam_args=runners[name]))
         rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
         assert not pq.read_table(sorted(out.glob("dead_letters-*.parquet"))).num_rows
         outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
