@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 
 import pyarrow as pa
+from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystems import FileSystems
 
 from specrag.jobio.files import UnreadableInput, open_parquet, read_bytes
 
@@ -38,13 +40,20 @@ def text_format(path: str) -> str | None:
 def open_table(path: str):
     """A ParquetFile, or a ``TextTable`` with the same reading methods for JSON lines and CSV."""
     kind = text_format(path)
-    return open_parquet(path) if kind is None else _text_table(path, kind)
+    if kind is None:
+        return open_parquet(path)
+    try:
+        [meta] = FileSystems.match([path])[0].metadata_list
+        version = (meta.size_in_bytes, meta.last_updated_in_seconds)
+    except (BeamIOError, ValueError):  # not found: TextTable names the file
+        version = None
+    return _text_table(path, kind, version)
 
 
 @functools.lru_cache(maxsize=4)
-def _text_table(path: str, kind: str) -> "TextTable":
-    # one parse per process for every row group a worker reads of the file (inputs do not change
-    # while a job runs); an unreadable file raises and is not cached
+def _text_table(path: str, kind: str, version) -> "TextTable":
+    # one parse per process for every row group a worker reads of the file; ``version`` (size,
+    # modification time) keeps a rewritten file from being served from the cache
     return TextTable(path, kind)
 
 

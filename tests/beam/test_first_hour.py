@@ -106,3 +106,12 @@ def test_each_command_help_lists_only_its_own_options(command, own, others, caps
     assert set(own) <= flags and not flags & set(others), flags
     with pytest.raises(SystemExit):  # and refuses another command's option as unknown
         main([command, others[0], "1"])
+
+
+def test_a_rewritten_json_lines_file_is_read_anew(tmp_path):
+    from specrag.jobio.tables import read_table
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "a", "question": "one"}\n')
+    assert read_table(str(path)).column("id").to_pylist() == ["a"]
+    path.write_text('{"id": "a", "question": "one"}\n{"id": "b", "question": "two"}\n')
+    assert read_table(str(path)).column("id").to_pylist() == ["a", "b"]
