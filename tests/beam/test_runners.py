@@ -149,9 +149,10 @@ def sdist_worker_pool(tmp_path_factory):
                            capture_output=True, text=True, cwd=folder, env=env).stdout.strip()
     assert where.startswith(str(purelib)), where  # the sdist's specrag, not the checkout's
     port = _free_port()
-    # the pool starts each worker as `python -c ...` from PATH: the new environment's
-    pool = subprocess.Popen([str(python), "-m", "apache_beam.runners.worker.worker_pool_main",
-                             f"--service_port={port}"], cwd=folder, env=env,
+    # the pool starts each worker through the sdist's launcher, which asks the runner for the
+    # job's options; no credentials in the pool's environment
+    env = {k: v for k, v in env.items() if not k.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_"))}
+    pool = subprocess.Popen([str(venv / "bin" / "specrag-worker"), "pool", f"--port={port}"], cwd=folder, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while True:
@@ -160,7 +161,7 @@ def sdist_worker_pool(tmp_path_factory):
                 break
         assert pool.poll() is None and time.time() < deadline, "the worker pool did not start"
         time.sleep(0.2)
-    yield f"localhost:{port}"
+    yield f"127.0.0.1:{port}"
     pool.terminate()
     pool.wait(timeout=30)
 
@@ -188,6 +189,38 @@ def test_an_sdist_worker_pool_in_another_folder_answers_like_the_fnapi_runner(sd
     manifest = json.loads((tmp_path / "external" / "manifest.json").read_text())
     assert manifest["counters"]["answered"] == 8 and str(tmp_path / "queries.parquet") in manifest["inputs"]
 
+
+
+def test_external_workers_read_and_write_s3_with_the_options_given_on_the_launcher(sdist_worker_pool, job_service, s3,
+                                                                                   demo_tables, demo_index, tmp_path):
+    """The queries, the index and the output on S3 (moto), the endpoint and credentials given
+    only as the launcher's flags: the pool's workers, with nothing in their environment, get
+    them from the runner (specrag-worker) and answer as the FnApiRunner does on local files."""
+    from conftest import S3_BUCKET
+    from specrag.pipelines.cli import main
+    client, flags = s3
+    queries = tmp_path / "queries.parquet"
+    pq.write_table(pq.read_table(demo_tables[0]).slice(0, 6), queries, row_group_size=3)
+    client.upload_file(str(queries), S3_BUCKET, "external/queries.parquet")
+    for f in demo_index.rglob("*"):
+        if f.is_file():
+            client.upload_file(str(f), S3_BUCKET, f"external/index/{f.relative_to(demo_index)}")
+    answer = ["answer", "--method", "standard", "--set", "top_k=3", "--set", "max_new_tokens=12"]
+    assert main([*answer, "--queries", str(queries), "--index", str(demo_index), "--output", str(tmp_path / "local")]) == 0
+    out = f"s3://{S3_BUCKET}/external/out"
+    assert main([*answer, "--queries", f"s3://{S3_BUCKET}/external/queries.parquet", "--index",
+                 f"s3://{S3_BUCKET}/external/index", "--output", out, *flags, "--runner=PortableRunner",
+                 f"--job_endpoint={job_service}", "--environment_type=EXTERNAL",
+                 f"--environment_config={sdist_worker_pool}"]) == 0
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=S3_BUCKET, Prefix="external/out/")["Contents"]]
+    results = [k for k in keys if k.rsplit("/", 1)[1].startswith("results-")]
+    assert results and "external/out/manifest.json" in keys
+    rows = []
+    for k in results:
+        client.download_file(S3_BUCKET, k, str(tmp_path / "part.parquet"))
+        rows += pq.read_table(tmp_path / "part.parquet").to_pylist()
+    local = pq.read_table(sorted((tmp_path / "local").glob("results-*.parquet"))).to_pylist()
+    assert {r["id"]: r["answer"] for r in rows} == {r["id"]: r["answer"] for r in local} and len(rows) == 6
 
 LAUNCHER = """
 import os, sys, time
