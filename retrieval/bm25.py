@@ -34,8 +34,12 @@ def build_bm25(store: DocStore, out_dir: Path, k1: float = K1, b: float = B) -> 
     """Index every passage of the store (row order = bm25s document index)."""
     bm25s = _bm25s()
     tokens = _tokenize([passage_text(t, x) for t, x in zip(store.titles, store.texts)])
+    # the vocabulary in sorted order: bm25s numbers tokens in set order, which follows Python's
+    # per-process string hashing, so the same corpus gave different index files in each process
+    vocab = {token: i for i, token in enumerate(sorted({t for doc in tokens for t in doc}))}
     index = bm25s.BM25(k1=k1, b=b, method="lucene")
-    index.index(tokens, show_progress=False)
+    index.index(bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in doc] for doc in tokens], vocab=vocab),
+                show_progress=False)
     index.save(str(out_dir), show_progress=False)
     params = {"k1": k1, "b": b, "method": "lucene", "stemmer": "english", "stopwords": "en"}
     (out_dir / "specrag_bm25.json").write_text(json.dumps(params))

@@ -29,6 +29,23 @@ def test_bm25_query_without_indexed_terms_returns_no_hits(pooled_bm25):
     assert r.search(["zzqxj vvkkwq"], 5) == [[]]
 
 
+
+@pytest.mark.slow
+def test_the_bm25_index_files_do_not_depend_on_the_process(demo_tables, tmp_path):
+    """The same corpus gives the same BM25 files in any process: bm25s numbered its vocabulary in
+    set order, i.e. by Python's per-process string hashing (a Flink worker's build differed)."""
+    import os
+    import subprocess
+    import sys
+    for seed in ("1", "2"):
+        subprocess.run([sys.executable, "-m", "specrag.pipelines.cli", "build-index", "--corpus", str(demo_tables[1]),
+                        "--index", str(tmp_path / seed), "--kinds", "bm25"], check=True, capture_output=True,
+                       env=dict(os.environ, PYTHONHASHSEED=seed))
+    files = sorted(p.name for p in (tmp_path / "1" / "bm25").iterdir())
+    assert "vocab.index.json" in files and files == sorted(p.name for p in (tmp_path / "2" / "bm25").iterdir())
+    for name in files:
+        assert (tmp_path / "1" / "bm25" / name).read_bytes() == (tmp_path / "2" / "bm25" / name).read_bytes(), name
+
 @pytest.mark.slow
 def test_dense_flat_scores_are_dot_products(demo_index, embedder, demo_tables):
     r = open_retriever(demo_index, "dense", embedder.embed)
