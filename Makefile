@@ -20,7 +20,7 @@ export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs install install-verifier install-triton install-gpu install-chromium install-prism demo test test-fast test-full compare-smoke triton-serve clean
+.PHONY: docs install install-verifier install-triton install-gpu install-chromium install-prism install-flink flink-start flink-stop demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -68,6 +68,20 @@ $(PRISM): setup.py
 	GOBIN=$(CURDIR)/.engines/bin go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
 	go version -m $@ | grep -q "github.com/apache/beam/sdks/v2[[:space:]]*v$(BEAM_VERSION)"
 
+# Flink: Beam's Flink runner (2.62.0, Flink 1.19.0; the newest whose dependencies the
+# registries serve: there is no 2.77 job server on them) from Maven Central, every jar checked
+# against deploy/flink/jars.sha256, and a job-server jar that is only a manifest over them.
+# A local session cluster on 127.0.0.1 (a JobManager, two TaskManagers, a Beam job server):
+#   make flink-start; specrag answer ... $$(python deploy/flink/launch.py flags); make flink-stop
+install-flink: install
+	$(PY) deploy/flink/launch.py install
+
+flink-start: install-flink
+	$(PY) deploy/flink/launch.py start
+
+flink-stop:
+	$(PY) deploy/flink/launch.py stop
+
 # GPU machines: FAISS from faiss-gpu instead of faiss-cpu (both provide the `faiss` module and
 # must never be installed together); specrag moves flat and IVF indexes to the GPU when it sees one.
 install-gpu: install
@@ -92,7 +106,7 @@ install-chromium:
 TEST_WORKERS ?= 2
 PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test: install install-triton install-chromium install-prism
+test: install install-triton install-chromium install-prism install-flink
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests
 	$(MAKE) compare-smoke

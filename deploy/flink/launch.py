@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Install and run a local Flink session cluster with Beam's Flink job server, on 127.0.0.1.
+
+The engine is Beam's Flink runner and the Flink runtime it depends on, resolved from Maven
+Central by the pinned ``pom.xml`` (``mvn dependency:build-classpath``, nothing built) and checked
+jar by jar against ``jars.sha256``. The cluster is a JobManager and N TaskManagers (one slot
+each by default) started from that classpath, plus one Beam job server bound to 127.0.0.1 that
+submits to it; each TaskManager starts its SDK workers with ``specrag-worker`` (PROCESS
+environment), so the workers run this checkout's installed specrag with the job's options.
+Standard library only, so any Python can drive it; tests import it, operators run it:
+
+    python deploy/flink/launch.py install            # idempotent (~152 MB of jars into ~/.m2)
+    python deploy/flink/launch.py start              # detached; prints the flags a job takes
+    specrag answer ... $(python deploy/flink/launch.py flags)
+    python deploy/flink/launch.py stop
+
+Versions: Beam's job server for the installed Python SDK (2.77) is not served by the registries
+these machines reach; the Beam Flink runner 2.62.0 (Flink 1.19.0) is the newest whose
+dependencies all resolve, and the 2.77 SDK runs on it (the Job and Fn APIs are versioned
+protocols). Memory is sized for a 24 GB machine: 1 GB JobManager, 2 GB per TaskManager (the
+Python workers, which hold the models, are processes of their own outside it).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+ENGINE = ROOT / ".engines" / "flink"
+CLUSTER = ENGINE / "cluster"
+JOB_SERVER_JAR = ENGINE / "beam-runners-flink-1.19-job-server-2.62.0.jar"
+CLASSPATH = ENGINE / "classpath.txt"
+FLINK_VERSION = "1.19"
+JOB_SERVER_MAIN = "org.apache.beam.runners.flink.FlinkJobServerDriver"
+JOB_MANAGER_MAIN = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
+TASK_MANAGER_MAIN = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
+# Flink's own start scripts add these on Java 17 (env.java.opts.all in its default config)
+JAVA_OPTS = ["--add-exports=java.base/sun.net.util=ALL-UNNAMED", "--add-exports=java.rmi/sun.rmi.registry=ALL-UNNAMED",
+             "--add-exports=java.security.jgss/sun.security.krb5=ALL-UNNAMED"] + [
+    f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in (
+        "java.lang", "java.net", "java.io", "java.nio", "sun.nio.ch", "java.lang.reflect", "java.text", "java.time",
+        "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "java.util.concurrent.locks")]
+
+
+def _stamp_key() -> str:
+    return hashlib.sha256((HERE / "pom.xml").read_bytes() + (HERE / "jars.sha256").read_bytes()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(jars: list[Path]) -> None:
+    """Each jar of the resolved classpath is the pinned one (sha256), and none is missing or extra."""
+    pinned = {}
+    for line in (HERE / "jars.sha256").read_text().splitlines():
+        digest, rel = line.split()
+        pinned[rel] = digest
+    seen = set()
+    for jar in jars:
+        rel = next((r for r in pinned if jar.as_posix().endswith("/" + r)), None)
+        if rel is None:
+            raise SystemExit(f"flink engine: {jar} is not among the pinned jars (deploy/flink/jars.sha256)")
+        if _sha256(jar) != pinned[rel]:
+            raise SystemExit(f"flink engine: {jar} does not match its pinned sha256; delete it and install again")
+        seen.add(rel)
+    if missing := sorted(set(pinned) - seen):
+        raise SystemExit(f"flink engine: Maven did not resolve {len(missing)} pinned jars, e.g. {missing[0]}")
+
+
+def install(quiet: bool = True) -> Path:
+    """Resolve, check and link the engine's jars; returns the job server's jar. Idempotent."""
+    stamp = ENGINE / ".installed"
+    if stamp.is_file() and stamp.read_text() == _stamp_key() and JOB_SERVER_JAR.is_file():
+        return JOB_SERVER_JAR
+    if not shutil.which("mvn") or not shutil.which("java"):
+        raise SystemExit("flink engine: needs Java 17 and Maven (apt-get install openjdk-17-jdk-headless maven)")
+    ENGINE.mkdir(parents=True, exist_ok=True)
+    cmd = ["mvn", "-B", "-ntp", "--strict-checksums", "-f", str(HERE / "pom.xml"), "dependency:build-classpath",
+           f"-Dmdep.outputFile={CLASSPATH}"]
+    done = subprocess.run(cmd + (["-q"] if quiet else []), capture_output=quiet, text=True)
+    if done.returncode:
+        tail = (done.stdout or "").strip().splitlines()[-3:]
+        raise SystemExit(f"flink engine: Maven could not resolve the pinned jars: {' '.join(tail)}")
+    jars = [Path(p) for p in CLASSPATH.read_text().strip().split(os.pathsep)]
+    verify(jars)
+    # a jar that is only a manifest: Beam's runner starts the job server with `java -jar`
+    header = "Class-Path: " + " ".join(j.as_uri() for j in jars)
+    lines, rest = [header[:72]], header[72:]
+    while rest:  # manifest lines are at most 72 bytes; a continuation starts with a space
+        lines.append(" " + rest[:71])
+        rest = rest[71:]
+    with zipfile.ZipFile(JOB_SERVER_JAR, "w") as jar:
+        jar.writestr("META-INF/MANIFEST.MF",
+                     "\r\n".join(["Manifest-Version: 1.0", f"Main-Class: {JOB_SERVER_MAIN}", *lines]) + "\r\n")
+    stamp.write_text(_stamp_key())
+    return JOB_SERVER_JAR
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Cluster:
+    """A JobManager, ``taskmanagers`` TaskManagers and a Beam job server, each its own JVM,
+    bound to 127.0.0.1, with their configuration and logs in ``folder``."""
+
+    def __init__(self, folder: Path = CLUSTER, taskmanagers: int = 2, slots: int = 1, rest_port: int = 0,
+                 job_port: int = 0, env: dict[str, str] | None = None):
+        self.folder, self.taskmanagers, self.slots = Path(folder), taskmanagers, slots
+        self.rest_port, self.job_port = rest_port or free_port(), job_port or free_port()
+        self.env = dict(os.environ if env is None else env)
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._tm_flags: tuple[list[str], list[str]] | None = None
+        self._classpath = CLASSPATH.read_text().strip() if CLASSPATH.is_file() else ""
+
+    # -- configuration ------------------------------------------------------------------
+    def write_config(self) -> Path:
+        conf = self.folder / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        settings = {
+            "jobmanager.rpc.address": "127.0.0.1", "jobmanager.rpc.port": free_port(),
+            "jobmanager.bind-host": "127.0.0.1", "jobmanager.memory.process.size": "1024m",
+            "taskmanager.bind-host": "127.0.0.1", "taskmanager.host": "127.0.0.1",
+            "taskmanager.numberOfTaskSlots": self.slots, "taskmanager.memory.process.size": "2048m",
+            # Beam's batch translation runs many shuffling tasks at once in a slot (build-index
+            # needed 512 buffers more than a 1.5 GB TaskManager's default network share)
+            "taskmanager.memory.network.min": "256m", "taskmanager.memory.network.max": "256m",
+            "taskmanager.memory.managed.size": "64m",
+            "rest.address": "127.0.0.1", "rest.bind-address": "127.0.0.1", "rest.port": self.rest_port,
+            "blob.server.port": free_port(), "parallelism.default": 1,
+            # a killed TaskManager fails its job at once (the run is then resumed), not after 50 s
+            "heartbeat.timeout": 15000, "restart-strategy.type": "none",
+        }
+        (conf / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
+        return conf
+
+    def _java(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = (self.folder / "log" / f"{name}.log").open("ab")
+        proc = subprocess.Popen(["java", *args], stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                start_new_session=True, cwd=self.folder)
+        self.processes[name] = proc
+        return proc
+
+    def _taskmanager_flags(self, conf: Path) -> tuple[list[str], list[str]]:
+        """The JVM flags and the ``-D`` memory settings Flink's scripts compute for a TaskManager."""
+        out = subprocess.run(["java", "-cp", self._classpath, "org.apache.flink.runtime.util.bash.BashJavaUtils",
+                              "GET_TM_RESOURCE_PARAMS", "--configDir", str(conf)],
+                             capture_output=True, text=True, check=True).stdout
+        result = [line.split(":", 1)[1] for line in out.splitlines() if line.startswith("BASH_JAVA_UTILS_EXEC_RESULT:")]
+        return result[0].split(), result[1].split()
+
+    def start_taskmanager(self, name: str | None = None) -> str:
+        conf = self.folder / "conf"
+        if self._tm_flags is None:
+            self._tm_flags = self._taskmanager_flags(conf)
+        jvm, dynamic = self._tm_flags
+        name = name or f"taskmanager-{sum(n.startswith('taskmanager') for n in self.processes) + 1}"
+        self._java(name, [*JAVA_OPTS, *jvm, "-cp", self._classpath, TASK_MANAGER_MAIN, "--configDir", str(conf),
+                          *dynamic])
+        return name
+
+    def start(self, timeout: float = 120) -> "Cluster":
+        if not self._classpath:
+            raise SystemExit("flink engine: not installed; run `python deploy/flink/launch.py install`")
+        (self.folder / "log").mkdir(parents=True, exist_ok=True)
+        conf = self.write_config()
+        self._java("jobmanager", [*JAVA_OPTS, "-Xmx700m", "-cp", self._classpath, JOB_MANAGER_MAIN,
+                                  "--configDir", str(conf)])
+        for _ in range(self.taskmanagers):
+            self.start_taskmanager()
+        self._java("jobserver", ["-Xmx512m", "-jar", str(JOB_SERVER_JAR), "--job-host", "127.0.0.1",
+                                 "--job-port", str(self.job_port), "--artifact-port", "0", "--expansion-port", "0",
+                                 "--flink-master", f"http://127.0.0.1:{self.rest_port}",
+                                 "--artifacts-dir", str(self.folder / "artifacts"), "--clean-artifacts-per-job"])
+        self.wait_for(self.taskmanagers, timeout)
+        deadline = time.time() + timeout
+        while not _listening(self.job_port):
+            self._check_alive()
+            if time.time() > deadline:
+                raise RuntimeError(f"the Beam job server did not listen within {timeout:.0f} s; see {self.folder}/log")
+            time.sleep(0.3)
+        (self.folder / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
+        return self
+
+    def _check_alive(self) -> None:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None and name in ("jobmanager", "jobserver"):
+                raise RuntimeError(f"Flink's {name} exited ({proc.returncode}); see {self.folder}/log/{name}.log")
+
+    def overview(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.rest_port}/overview", timeout=5) as r:
+            return json.load(r)
+
+    def wait_for(self, taskmanagers: int, timeout: float = 120) -> dict:
+        """Wait until ``taskmanagers`` TaskManagers are registered with the JobManager."""
+        deadline = time.time() + timeout
+        while True:
+            self._check_alive()
+            try:
+                overview = self.overview()
+                if overview["taskmanagers"] == taskmanagers:
+                    return overview
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"Flink did not register {taskmanagers} TaskManagers in {timeout:.0f} s; "
+                                   f"see {self.folder}/log")
+            time.sleep(0.5)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process of the cluster (a TaskManager, say): no clean-up of its own."""
+        proc = self.processes.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        for name in list(self.processes):
+            proc = self.processes.pop(name)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        (self.folder / "cluster.json").unlink(missing_ok=True)
+
+    def describe(self) -> dict:
+        return {"rest": f"http://127.0.0.1:{self.rest_port}", "job_endpoint": f"127.0.0.1:{self.job_port}",
+                "parallelism": self.taskmanagers * self.slots,
+                "pids": {name: proc.pid for name, proc in self.processes.items()}}
+
+    def flags(self, worker: str | None = None) -> list[str]:
+        return job_flags(self.describe(), worker)
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *_) -> None:
+        self.stop()
+
+
+def job_flags(described: dict, worker: str | None = None) -> list[str]:
+    """The Beam flags that run a job on the cluster: Beam's FlinkRunner through the cluster's job
+    server, parallelism = the slots, each SDK worker started by ``specrag-worker``."""
+    worker = worker or str(Path(sys.executable).with_name("specrag-worker"))
+    return ["--runner=FlinkRunner", f"--job_endpoint={described['job_endpoint']}",
+            f"--parallelism={described['parallelism']}", "--environment_type=PROCESS",
+            "--environment_config=" + json.dumps({"command": worker})]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="resolve and check the engine's jars (idempotent)")
+    start = sub.add_parser("start", help="start a detached session cluster and its job server")
+    start.add_argument("--taskmanagers", type=int, default=2)
+    start.add_argument("--slots", type=int, default=1)
+    start.add_argument("--rest-port", type=int, default=8081)
+    start.add_argument("--job-port", type=int, default=8099)
+    sub.add_parser("stop", help="stop the cluster `start` started")
+    flags = sub.add_parser("flags", help="print the flags that run a specrag job on the running cluster")
+    flags.add_argument("--worker", help="the specrag-worker command on the TaskManagers' machine")
+    args = parser.parse_args(argv)
+    state = CLUSTER / "cluster.json"
+    if args.command == "install":
+        print(install(quiet=False))
+    elif args.command == "start":
+        if state.is_file():
+            raise SystemExit(f"a cluster is running (see {state}); `launch.py stop` first")
+        install()
+        cluster = Cluster(CLUSTER, args.taskmanagers, args.slots, args.rest_port, args.job_port).start()
+        print(f"Flink {FLINK_VERSION} on http://127.0.0.1:{cluster.rest_port} with {args.taskmanagers} TaskManagers; "
+              f"jobs: specrag ... {' '.join(cluster.flags())}")
+    elif args.command == "stop":
+        if not state.is_file():
+            raise SystemExit("no cluster is running")
+        for pid in json.loads(state.read_text())["pids"].values():
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        state.unlink()
+    elif args.command == "flags":
+        if not state.is_file():
+            raise SystemExit("no cluster is running: `python deploy/flink/launch.py start`")
+        print(" ".join(f"'{f}'" if "{" in f else f for f in job_flags(json.loads(state.read_text()), args.worker)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

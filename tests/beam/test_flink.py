@@ -1,0 +1,154 @@
+"""specrag's jobs on a real Flink session cluster (deploy/flink: a JobManager and two
+TaskManagers of one slot each, from the pinned Maven jars, on 127.0.0.1) through Beam's
+FlinkRunner, each TaskManager starting its SDK workers with specrag-worker (PROCESS
+environment): answers equal to the FnApiRunner's (batch-invariant settings), RaLMSpec equal to
+RaLMSeq token for token, build-index byte-identical, and a TaskManager killed with SIGKILL in
+the middle of a job, after which --resume completes the run with every id once."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.methods import create_method
+from specrag.pipelines.answer import AnswerJob, run_answer
+from specrag.transforms.runtime import RuntimeConfig
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _launch_module():
+    spec = importlib.util.spec_from_file_location("specrag_flink_launch", REPO / "deploy" / "flink" / "launch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def flink(tmp_path_factory):
+    launch = _launch_module()
+    launch.install()  # `make install-flink` did it; a no-op then
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
+    cluster = launch.Cluster(tmp_path_factory.mktemp("flink"), taskmanagers=2, slots=1, env=env)
+    cluster.start()
+    assert cluster.overview()["flink-version"].startswith(launch.FLINK_VERSION)
+    yield cluster
+    cluster.stop()
+
+
+def _queries(table: Path, n: int, folder: Path) -> Path:
+    """The first n rows in row groups of 4 (several bundles and micro-batches)."""
+    path = folder / "queries.parquet"
+    rows = pq.read_table(table).slice(0, n)
+    pq.write_table(pa.Table.from_batches(rows.to_batches(max_chunksize=4)), path, row_group_size=4)
+    return path
+
+
+def _results(out: Path) -> dict:
+    rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+    assert len(rows) == len({r["id"] for r in rows})  # each id once
+    dead = sorted(out.glob("dead_letters-*.parquet"))
+    assert not dead or not pq.read_table(dead).num_rows
+    return {r["id"]: (r["answer"], r["raw_output"]) for r in rows}
+
+
+@pytest.mark.parametrize("method_name, settings, n", [
+    ("standard", {"top_k": 3, "max_new_tokens": 24, "batch_invariant": True}, 16),
+    ("speculative-rag", {"top_k": 4, "drafts": 2, "docs_per_draft": 2, "rationale_max_new_tokens": 8,
+                         "answer_max_new_tokens": 16, "batch_invariant": True}, 6),
+], ids=["standard", "speculative-rag"])
+def test_answers_on_flink_equal_the_fnapi_runner(method_name, settings, n, flink, demo_tables, demo_index, tmp_path):
+    """Standard RAG, and Speculative RAG's fan-out into drafts and keyed re-join, on Flink's own
+    shuffles and state across two TaskManagers, answer as the FnApiRunner does."""
+    queries = _queries(demo_tables[0], n, tmp_path)
+    method = create_method(method_name, **settings)
+    runtime = RuntimeConfig(index_dir=str(demo_index)).with_roles(method.model_roles)
+    answers, manifests = {}, {}
+    for name, args in (("fnapi", ("--runner=FnApiRunner",)), ("flink", tuple(flink.flags()))):
+        manifests[name] = run_answer(AnswerJob(str(queries), str(tmp_path / name), method, runtime, beam_args=args))
+        answers[name] = _results(tmp_path / name)
+    assert len(answers["fnapi"]) == n and answers["flink"] == answers["fnapi"]
+    counters = manifests["flink"]["counters"]
+    # each SDK worker process loads each model once (Flink may start a stage's workers anew: more
+    # engines for Speculative RAG's stages than TaskManagers, never one per bundle)
+    assert counters["answered"] == n and counters["models_loaded"] <= counters["engines_started"] * len(runtime.models)
+    assert "--runner=FlinkRunner" in manifests["flink"]["beam_args"]
+
+
+def test_ralmspec_on_flink_equals_ralmseq(flink, demo_tables, demo_index, tmp_path):
+    """RaLMSpec with every extra on (prefetch, OS³, asynchronous verification) on Flink gives
+    RaLMSeq's output on the FnApiRunner, token for token."""
+    queries = _queries(demo_tables[0], 8, tmp_path)
+    common = dict(stride=4, max_new_tokens=16, doc_max_tokens=48, query_tokens=32)
+    outputs = {}
+    for name, extra, args in (("ralmseq", {}, ("--runner=FnApiRunner",)),
+                              ("ralmspec", dict(prefetch=True, os3=True, async_verification=True,
+                                                sequential_fallback=False), tuple(flink.flags()))):
+        method = create_method(name, **common, **extra)
+        out = tmp_path / name
+        run_answer(AnswerJob(str(queries), str(out), method,
+                             RuntimeConfig(index_dir=str(demo_index)).with_roles(method.model_roles),
+                             batch_size=4, num_shards=2, beam_args=args))
+        rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+        outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
+    assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
+
+
+def test_build_index_on_flink_is_byte_identical(flink, demo_tables, demo_index, tmp_path):
+    """build-index (BM25 and exact dense, embedding in the job) on Flink writes the very search
+    files the FnApiRunner wrote."""
+    from specrag.pipelines.build_index import run_build_index
+    from specrag.transforms.runtime import manifest_fingerprint
+    out = tmp_path / "index"
+    run_build_index(str(demo_tables[1]), str(out), ["bm25", "dense"], beam_args=tuple(flink.flags()))
+
+    def content(folder):
+        return sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file() and
+                      (p.parent.name in ("bm25", "dense") or p.name in ("passages.parquet", "vectors.npy")))
+    files = content(demo_index)
+    assert len(files) >= 9 and files == content(out)
+    for name in files:
+        assert (out / name).read_bytes() == (demo_index / name).read_bytes(), name
+    assert manifest_fingerprint(json.loads((out / "manifest.json").read_text())) == \
+        manifest_fingerprint(json.loads((demo_index / "manifest.json").read_text()))
+
+
+def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, demo_tables, demo_index, tmp_path):
+    """SIGKILL to a TaskManager while the job writes its shards: the job fails (its lease is
+    released), the TaskManager comes back, and --resume finishes the run without redoing the
+    finished shards; every id is answered once, as the FnApiRunner answers it."""
+    queries = _queries(demo_tables[0], 32, tmp_path)
+    answer = ["answer", "--queries", str(queries), "--index", str(demo_index), "--method", "standard",
+              "--set", "top_k=3", "--set", "max_new_tokens=24", "--set", "batch_invariant=true",
+              "--shard-rows", "2"]
+    from specrag.pipelines.cli import main
+    assert main([*answer, "--output", str(tmp_path / "fnapi")]) == 0
+    out = tmp_path / "flink"
+    cli = [sys.executable, "-m", "specrag.pipelines.cli", *answer, "--output", str(out), *flink.flags()]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
+    job = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while len(list(out.glob("results-*.parquet"))) < 2:
+        assert job.poll() is None, f"the job ended before a TaskManager could be killed: {job.stderr.read()[-2000:]}"
+        assert time.time() < deadline
+        time.sleep(0.2)
+    flink.kill("taskmanager-1")
+    try:
+        assert job.wait(timeout=300) != 0  # the job failed with its TaskManager
+    finally:
+        job.kill()
+    assert not (out / "manifest.json").exists()  # written when a run finishes
+    flink.start_taskmanager("taskmanager-1")
+    flink.wait_for(2)
+    assert main([*answer, "--output", str(out), "--resume", *flink.flags()]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["resumed"]["skipped_finished"] >= 4  # the two finished shards' rows were not redone
+    assert _results(out) == _results(tmp_path / "fnapi")
+    assert len(_results(out)) == 32
