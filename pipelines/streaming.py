@@ -4,8 +4,9 @@ The graph: an unbounded source (new files under a glob, or Pub/Sub; transforms/s
 AdmitQueries (validation and the lateness policy, per row: no global GroupByKey, which would never
 fire) → DedupeIds (keyed by id in the global window, bounded expiring state; ids an earlier run
 into this output answered are skipped) → event-time FixedWindows → the method's segments on the
-same per-worker engine as batch → WriteResults / WriteDeadLetters, one set of committed shards
-per window (``results-stream-w<window start>-*.parquet``) → WindowCounts, folded into
+same per-worker engine as batch → WriteResults, and the dead letters written by the stage that
+makes them (rejected, duplicate, failed), one set of committed shards per window
+(``results-stream-w<window start>-*.parquet``) → WindowCounts, folded into
 ``manifest.json`` once per window (and per late firing) by one keyed step, so a job that never
 ends still says what it has done. The manifest is written when the job starts.
 
@@ -179,16 +180,20 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
     failed = failed | "FlattenFailed" >> beam.Flatten() | "ProgressFailed" >> CountProgress(progress, "failed")
     results = (keyed | "ToResultRows" >> beam.Map(counted_result_row, job.method.name, fingerprint)
                | "ProgressAnswered" >> CountProgress(progress, "done"))
-    dead_rows = ([*dead, failed] | "FlattenDeadLetters" >> beam.Flatten() | "CountDeadLetters" >> beam.Map(count_dead_letter)
-                 | "ProgressDead" >> CountProgress(progress, "dead"))
     _ = results | "WriteResults" >> WriteParquetShards(join(out, f"results-{STREAM_PREFIX}"), job.method.results_schema(),
                                                        job.shard_rows, counter="results", lease_token=lease_token,
                                                        windowed=True)
-    _ = dead_rows | "WriteDeadLetters" >> WriteParquetShards(join(out, f"dead_letters-{STREAM_PREFIX}"), DEAD_LETTERS,
-                                                             job.shard_rows, counter="dead_letters",
-                                                             lease_token=lease_token, windowed=True)
-    counts = ((results | "OneResult" >> beam.Map(lambda _: ("results", 1)),
-               dead_rows | "OneDeadLetter" >> beam.Map(lambda _: ("dead_letters", 1)))
+    # each kind of dead letter is written by the stage that makes it, as results are: flattened
+    # first, the FnApiRunner's streaming mode wrote them only when the job stopped
+    dead_ones = []
+    for name, rows in (("Rejected", dead[0]), ("Duplicates", dead[1]), ("Failed", failed)):
+        rows = (rows | f"Count{name}" >> beam.Map(count_dead_letter)
+                | f"ProgressDead{name}" >> CountProgress(progress, "dead"))
+        _ = rows | f"Write{name}" >> WriteParquetShards(join(out, f"dead_letters-{STREAM_PREFIX}"), DEAD_LETTERS,
+                                                         job.shard_rows, counter="dead_letters",
+                                                         lease_token=lease_token, windowed=True)
+        dead_ones.append(rows | f"One{name}" >> beam.Map(lambda _: ("dead_letters", 1)))
+    counts = ((results | "OneResult" >> beam.Map(lambda _: ("results", 1)), *dead_ones)
               | "AllRows" >> beam.Flatten()
               | "PerWindow" >> beam.CombinePerKey(sum))
     _ = (counts

@@ -14,7 +14,7 @@ from echo_method import Echo
 from specrag.methods import MethodConfig
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.pipelines.options import StreamSettings
-from specrag.pipelines.streaming import run_streaming_answer
+from specrag.pipelines.streaming import STOP_MARKER, run_streaming_answer
 from specrag.schemas.tables import QUERIES
 from specrag.transforms.runtime import RuntimeConfig
 
@@ -107,7 +107,8 @@ def test_pubsub_messages_are_parsed_into_queries_and_bad_messages_are_dead_lette
 def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(tmp_path):
     """Files dropped into a folder while the job runs (Parquet and JSON lines, one copied under
     another name, one with a line that is not JSON) are each read once; every id is answered
-    once, each poll round's new files as they land; --stop-after ends the job."""
+    once, each poll round's new files as they land, and the bad line's dead letter as its round
+    ends too; the stop marker (a signal's drain) ends the job."""
     import shutil
     import threading
     import time
@@ -128,7 +129,14 @@ def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(
         shards(2)
         shutil.copy(incoming / "early.parquet", incoming / "early-copy.parquet")  # the same rows again
         (incoming / "more.jsonl").write_text('{"id": "d", "question": "fourth"}\nnot json\n')
+        stop_at = time.time() + 20
         while not done.is_set():  # the manifest while the job runs: counts per window so far
+            stopping = (out / STOP_MARKER).exists()
+            if not stopping and not dead_while_running.is_set() and list(out.glob("dead_letters-stream-*.parquet")):
+                dead_while_running.set()  # written with its poll round, as results are, not at the stop
+                stop_at = min(stop_at, time.time() + 2)
+            if time.time() > stop_at and not stopping:
+                (out / STOP_MARKER).write_text("")  # what a signal does: the watch ends, the job drains
             try:
                 running = json.loads((out / "manifest.json").read_text())
             except ValueError:  # being replaced
@@ -136,10 +144,10 @@ def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(
             if running.get("status") == "running" and running.get("totals_so_far"):
                 seen.append(running["totals_so_far"])
             time.sleep(0.2)
-    done, seen = threading.Event(), []
+    done, dead_while_running, seen = threading.Event(), threading.Event(), []
     out = tmp_path / "out"
     threading.Thread(target=drop, daemon=True).start()
-    stream = StreamSettings(window_s=60, allowed_lateness_s=600, poll_interval_s=0.5, stop_after_s=12)
+    stream = StreamSettings(window_s=60, allowed_lateness_s=600, poll_interval_s=0.5, stop_after_s=120)
     manifest = run_answer(AnswerJob(f"{incoming}/", str(out), Echo(MethodConfig()), RuntimeConfig(models=()),
                                     beam_args=("--runner=FnApiRunner", "--streaming"), stream=stream))
     done.set()
@@ -147,6 +155,7 @@ def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(
         ("a", "FIRST"), ("b", "SECOND"), ("c", "THIRD"), ("d", "FOURTH")]
     dead = _rows(out, "dead_letters")
     assert [(d["stage"], d["message"].split(" (")[0]) for d in dead] == [("read", "line 2 is not JSON")]
+    assert dead_while_running.is_set()  # not only when the job stopped
     assert manifest["counters"]["files_read"] == 4 and manifest["counters"]["repeated_rows"] == 2
     assert manifest["account"] == {"results": 4, "duplicated": 0, "dead_letters": 1}
     # answered as the files landed, a shard per poll round that found new rows, not once at the end
