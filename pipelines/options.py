@@ -481,6 +481,23 @@ def _specrag_option_names() -> set[str]:
     return {a.dest for a in parser._actions}  # noqa: SLF001
 
 
+def _fold_fn_api_metrics_eagerly() -> None:
+    """The FnApiRunner folds each bundle's metrics into a lazy generator over the fold before it
+    (Beam 2.77): a streaming job's many poll rounds keep every bundle's metrics alive (GBs over
+    half an hour) and reading them at the end walks one generator per bundle (a 40 s stream took
+    38 s more to report). Folded as each bundle ends, a stage keeps one consolidated list; the
+    values are the same."""
+    from apache_beam.metrics import monitoring_infos
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    if getattr(fn_runner.consolidate_monitoring_infos, "eager", False):
+        return
+
+    def eager(infos):
+        return list(monitoring_infos.consolidate(infos))
+    eager.eager = True
+    fn_runner.consolidate_monitoring_infos = eager
+
+
 def new_pipeline(beam_args: tuple[str, ...] | list[str]):
     """A job's ``beam.Pipeline`` whose workers, in every process, get the job's options.
 
@@ -489,6 +506,7 @@ def new_pipeline(beam_args: tuple[str, ...] | list[str]):
     endpoint or credentials; Beam's DirectRunner provisions them as below, and so does every
     runner with its own workers (Dataflow, Flink/Portable through the job's provision info)."""
     import apache_beam as beam
+    _fold_fn_api_metrics_eagerly()
     options = pipeline_options(beam_args)
     if not _is_fn_api_runner(options):
         return beam.Pipeline(options=options)

@@ -217,3 +217,22 @@ def test_sigint_drains_the_queries_in_flight_and_stops_within_seconds(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "stopped" and manifest["stopped_by"].startswith("SIGINT")
     assert manifest["account"]["results"] == 1 and not (out / LEASE_FILE).exists() and not (out / ".stop").exists()
+
+
+def test_the_fn_api_runner_folds_each_bundles_metrics_as_the_bundle_ends():
+    """A long stream on the FnApiRunner is thousands of bundles: their metrics are folded as each
+    ends (one entry per metric), not chained into one lazy generator per bundle that held every
+    bundle's metrics until the end and then took as long again as the stream to read."""
+    import itertools
+
+    from apache_beam.metrics import monitoring_infos
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+    from specrag.pipelines.options import new_pipeline
+    new_pipeline(("--runner=FnApiRunner",))
+    folded = []
+    for _ in range(3000):
+        bundle = [monitoring_infos.int64_user_counter("specrag", "rows", 1, ptransform="Step")]
+        folded = fn_runner.consolidate_monitoring_infos(itertools.chain(bundle, folded))
+    assert isinstance(folded, list) and len(folded) == 1
+    assert monitoring_infos.extract_counter_value(folded[0]) == 3000
