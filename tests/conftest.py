@@ -348,3 +348,47 @@ def s3():
     FileSystems.set_options(None)
     server.terminate()
     server.wait()
+
+
+GCS_BUCKET = "specrag-gcs-test"
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """A GCS JSON-API server (gcp-storage-emulator, from PyPI) on 127.0.0.1 with a bucket, its
+    client, and the flags a job takes. Beam has no option for a GCS endpoint: google-cloud-storage
+    reads the emulator's address from STORAGE_EMULATOR_HOST, which is set here for this process
+    and the processes it starts (the address of a server, not a credential)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from apache_beam.io.filesystems import FileSystems
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                               "--port", str(port), "--default-bucket", GCS_BUCKET, "--in-memory", "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, "the GCS emulator did not start"
+            time.sleep(0.2)
+    before = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    client = storage.Client(project="specrag-test", credentials=AnonymousCredentials())
+    yield client, ["--project=specrag-test"]
+    FileSystems.set_options(None)
+    if before is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+        os.environ["STORAGE_EMULATOR_HOST"] = before
+    server.terminate()
+    server.wait()
