@@ -264,13 +264,24 @@ class Cluster:
         self.stop()
 
 
+def default_worker() -> str:
+    """specrag-worker beside this Python, else this checkout's .venv's, else the PATH's."""
+    for candidate in (Path(sys.executable).with_name("specrag-worker"), ROOT / ".venv" / "bin" / "specrag-worker"):
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("specrag-worker")
+    if not found:
+        raise SystemExit("no specrag-worker found: install specrag (make install) or pass --worker")
+    return found
+
+
 def job_flags(described: dict, worker: str | None = None) -> list[str]:
     """The Beam flags that run a job on the cluster: Beam's FlinkRunner through the cluster's job
     server, parallelism = the slots, each SDK worker started by ``specrag-worker``."""
-    worker = worker or str(Path(sys.executable).with_name("specrag-worker"))
+    worker = worker or default_worker()
     return ["--runner=FlinkRunner", f"--job_endpoint={described['job_endpoint']}",
             f"--parallelism={described['parallelism']}", "--environment_type=PROCESS",
-            "--environment_config=" + json.dumps({"command": worker})]
+            "--environment_config=" + json.dumps({"command": worker}, separators=(",", ":"))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,15 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop", help="stop the cluster `start` started")
     flags = sub.add_parser("flags", help="print the flags that run a specrag job on the running cluster")
     flags.add_argument("--worker", help="the specrag-worker command on the TaskManagers' machine")
+    for command in (start, sub.choices["stop"], flags):
+        command.add_argument("--folder", type=Path, default=CLUSTER, help="the cluster's configuration and logs")
     args = parser.parse_args(argv)
-    state = CLUSTER / "cluster.json"
+    state = args.folder / "cluster.json" if args.command != "install" else None
     if args.command == "install":
         print(install(quiet=False))
     elif args.command == "start":
         if state.is_file():
             raise SystemExit(f"a cluster is running (see {state}); `launch.py stop` first")
         install()
-        cluster = Cluster(CLUSTER, args.taskmanagers, args.slots, args.rest_port, args.job_port).start()
+        cluster = Cluster(args.folder, args.taskmanagers, args.slots, args.rest_port, args.job_port).start()
         print(f"Flink {FLINK_VERSION} on http://127.0.0.1:{cluster.rest_port} with {args.taskmanagers} TaskManagers; "
               f"jobs: specrag ... {' '.join(cluster.flags())}")
     elif args.command == "stop":
@@ -308,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "flags":
         if not state.is_file():
             raise SystemExit("no cluster is running: `python deploy/flink/launch.py start`")
-        print(" ".join(f"'{f}'" if "{" in f else f for f in job_flags(json.loads(state.read_text()), args.worker)))
+        print(" ".join(job_flags(json.loads(state.read_text()), args.worker)))  # no spaces: $(...) splits it
     return 0
 
 

@@ -152,3 +152,18 @@ def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, d
     assert manifest["resumed"]["skipped_finished"] >= 4  # the two finished shards' rows were not redone
     assert _results(out) == _results(tmp_path / "fnapi")
     assert len(_results(out)) == 32
+
+
+def test_the_deployment_guides_flink_command_works_as_written(flink, demo_tables, demo_index, tmp_path):
+    """`specrag answer ... $(python deploy/flink/launch.py flags)`, as docs/guide/deployment.md
+    writes it, in a shell, against the running cluster."""
+    queries = _queries(demo_tables[0], 4, tmp_path)
+    launcher = REPO / "deploy" / "flink" / "launch.py"
+    specrag = Path(sys.executable).with_name("specrag")
+    command = (f"{specrag} answer --queries {queries} --index {demo_index} --method standard --output {tmp_path / 'out'}"
+               f" $({sys.executable} {launcher} flags --folder {flink.folder})")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
+    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counters"]["answered"] == 4 and "--runner=FlinkRunner" in manifest["beam_args"]

@@ -230,3 +230,41 @@ def test_the_fn_api_runner_folds_each_bundles_metrics_as_the_bundle_ends():
         folded = fn_runner.consolidate_monitoring_infos(itertools.chain(bundle, folded))
     assert isinstance(folded, list) and len(folded) == 1
     assert monitoring_infos.extract_counter_value(folded[0]) == 3000
+
+
+def test_a_watched_folder_on_prism_is_answered_as_files_land_and_drains_at_the_stop_marker(prism, tmp_path):
+    """The same watched folder on Prism (its own watermarks, timers and keyed state): files
+    answered as they land, a bad line's dead letter written with its round, each id once, and the
+    stop marker (what SIGINT writes) drains the job to a stopped manifest."""
+    import threading
+    import time
+    incoming, out = tmp_path / "incoming", tmp_path / "out"
+    incoming.mkdir()
+    table = lambda rows: pa.Table.from_pylist([{"id": i, "question": q} for i, q in rows], schema=QUERIES)  # noqa: E731
+    pq.write_table(table([("a", "first"), ("b", "second")]), incoming / "early.parquet")
+    dead_while_running = threading.Event()
+
+    def drop():
+        deadline = time.time() + 120
+        while not list(out.glob("results-stream-*.parquet")) and time.time() < deadline:
+            time.sleep(0.1)
+        (incoming / "more.jsonl").write_text('{"id": "c", "question": "third"}\nnot json\n')
+        stop_at = time.time() + 60
+        while not (out / STOP_MARKER).exists():
+            if list(out.glob("dead_letters-stream-*.parquet")):
+                dead_while_running.set()
+            if dead_while_running.is_set() or time.time() > stop_at:
+                (out / STOP_MARKER).write_text("test")
+            time.sleep(0.1)
+    threading.Thread(target=drop, daemon=True).start()
+    stream = StreamSettings(window_s=5, allowed_lateness_s=600, poll_interval_s=0.5, stop_after_s=300)
+    manifest = run_answer(AnswerJob(f"{incoming}/", str(out), Echo(MethodConfig()), RuntimeConfig(models=()),
+                                    beam_args=("--runner=PrismRunner", f"--prism_location={prism}", "--streaming"),
+                                    stream=stream))
+    assert sorted((r["id"], r["answer"]) for r in _rows(out, "results")) == [("a", "FIRST"), ("b", "SECOND"),
+                                                                             ("c", "THIRD")]
+    assert [(d["stage"], d["message"].split(" (")[0]) for d in _rows(out, "dead_letters")] == [
+        ("read", "line 2 is not JSON")]
+    assert dead_while_running.is_set()
+    assert manifest["status"] == "stopped" and manifest["stopped_by"] == "test"
+    assert manifest["account"] == {"results": 3, "duplicated": 0, "dead_letters": 1}
