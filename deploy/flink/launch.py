@@ -154,6 +154,9 @@ class Cluster:
             "blob.server.port": free_port(), "parallelism.default": 1,
             # a killed TaskManager fails its job at once (the run is then resumed), not after 50 s
             "heartbeat.timeout": 15000, "restart-strategy.type": "none",
+            # Beam's runner is on the TaskManagers' classpath and in each job's jar: child-first
+            # loading split its vendored gRPC across two loaders (IllegalAccessError in the logs)
+            "classloader.resolve-order": "parent-first",
         }
         (conf / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
         return conf
