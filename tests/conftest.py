@@ -311,34 +311,63 @@ def prism() -> str:
     return str(PRISM)
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the tests' servers bind nothing else)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, process, what: str, timeout_s: float = 60) -> None:
+    """Wait until ``process`` listens on 127.0.0.1:``port``; fail in one line if it exits or is slow."""
+    import socket
+    import time
+    deadline = time.time() + timeout_s
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert process.poll() is None and time.time() < deadline, f"{what} did not start"
+        time.sleep(0.2)
+
+
+def assert_same_index(built: Path, reference: Path) -> None:
+    """``built`` has the very files search reads that ``reference`` has (passages, BM25 arrays,
+    vectors, FAISS index: the embeddings' shards are the runner's to cut), and the manifests
+    differ only in their build record (runner, time)."""
+    import json
+
+    from specrag.transforms.runtime import manifest_fingerprint
+
+    def content(folder):
+        return sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file() and
+                      (p.parent.name in ("bm25", "dense") or p.name in ("passages.parquet", "vectors.npy")))
+    files = content(reference)
+    assert len(files) >= 9 and files == content(built)
+    for name in files:
+        assert (built / name).read_bytes() == (reference / name).read_bytes(), name
+    assert manifest_fingerprint(json.loads((built / "manifest.json").read_text())) == \
+        manifest_fingerprint(json.loads((reference / "manifest.json").read_text()))
+
+
 S3_BUCKET = "specrag-test"
 
 
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on a free local port, its bucket, and the flags that reach it."""
-    import socket
     import subprocess
     import sys
-    import time
 
     import boto3  # the dev extra: boto3 (Beam's S3 filesystem) and moto's server
     from apache_beam.io.filesystems import FileSystems
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # its own process: in the test's, its request threads would share one GIL with the jobs
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, "moto's S3 server did not start"
-            time.sleep(0.2)
+    wait_listening(port, server, "moto's S3 server")
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
                           aws_secret_access_key="s3cret-testing", region_name="us-east-1")
     client.create_bucket(Bucket=S3_BUCKET)
@@ -359,28 +388,17 @@ def gcs(tmp_path_factory):
     client, and the flags a job takes. Beam has no option for a GCS endpoint: google-cloud-storage
     reads the emulator's address from STORAGE_EMULATOR_HOST, which is set here for this process
     and the processes it starts (the address of a server, not a credential)."""
-    import socket
     import subprocess
     import sys
-    import time
 
     from apache_beam.io.filesystems import FileSystems
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
                                "--port", str(port), "--default-bucket", GCS_BUCKET, "--in-memory", "--quiet"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, "the GCS emulator did not start"
-            time.sleep(0.2)
+    wait_listening(port, server, "the GCS emulator")
     before = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
     client = storage.Client(project="specrag-test", credentials=AnonymousCredentials())

@@ -104,20 +104,11 @@ def test_ralmspec_on_flink_equals_ralmseq(flink, demo_tables, demo_index, tmp_pa
 def test_build_index_on_flink_is_byte_identical(flink, demo_tables, demo_index, tmp_path):
     """build-index (BM25 and exact dense, embedding in the job) on Flink writes the very search
     files the FnApiRunner wrote."""
+    from conftest import assert_same_index
     from specrag.pipelines.build_index import run_build_index
-    from specrag.transforms.runtime import manifest_fingerprint
     out = tmp_path / "index"
     run_build_index(str(demo_tables[1]), str(out), ["bm25", "dense"], beam_args=tuple(flink.flags()))
-
-    def content(folder):
-        return sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file() and
-                      (p.parent.name in ("bm25", "dense") or p.name in ("passages.parquet", "vectors.npy")))
-    files = content(demo_index)
-    assert len(files) >= 9 and files == content(out)
-    for name in files:
-        assert (out / name).read_bytes() == (demo_index / name).read_bytes(), name
-    assert manifest_fingerprint(json.loads((out / "manifest.json").read_text())) == \
-        manifest_fingerprint(json.loads((demo_index / "manifest.json").read_text()))
+    assert_same_index(out, demo_index)
 
 
 def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, demo_tables, demo_index, tmp_path):

@@ -4,16 +4,15 @@ jobs on local files, on the FnApiRunner's worker processes and on an EXTERNAL wo
 workers get the job's options from the runner (specrag-worker)."""
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from conftest import GCS_BUCKET as BUCKET  # tests/conftest.py, whose `gcs` fixture serves it
+from conftest import free_port, wait_listening
 from specrag.pipelines.cli import main
 
 pytestmark = pytest.mark.slow
@@ -43,19 +42,11 @@ def _answers(folder: Path) -> dict:
 def worker_pool(gcs):
     """specrag-worker's pool from this environment, on 127.0.0.1 (started after the emulator: its
     workers reach it through STORAGE_EMULATOR_HOST, as the launcher does)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     pool = subprocess.Popen([str(Path(sys.executable).with_name("specrag-worker")), "pool", f"--port={port}"],
                             env=dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert pool.poll() is None and time.time() < deadline, "the worker pool did not start"
-        time.sleep(0.2)
+    wait_listening(port, pool, "the worker pool")
     yield f"127.0.0.1:{port}"
     pool.terminate()
     pool.wait(timeout=30)

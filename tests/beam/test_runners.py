@@ -7,7 +7,6 @@ and specrag installed from its sdist in a worker pool of its own (EXTERNAL envir
 stand-in here for Flink's and Dataflow's workers."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import free_port, wait_listening
 from specrag.methods import create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.transforms.runtime import RuntimeConfig
@@ -25,26 +25,16 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def job_service():
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    else:
+    try:
+        wait_listening(port, proc, "the Beam job service")
+    except AssertionError:
         proc.kill()
-        pytest.fail("the Beam job service did not start")
+        raise
     yield f"localhost:{port}"
     proc.terminate()
     proc.wait(timeout=30)
@@ -148,19 +138,13 @@ def sdist_worker_pool(tmp_path_factory):
     where = subprocess.run([str(python), "-c", "import specrag.pipelines as p; print(p.__file__)"], check=True,
                            capture_output=True, text=True, cwd=folder, env=env).stdout.strip()
     assert where.startswith(str(purelib)), where  # the sdist's specrag, not the checkout's
-    port = _free_port()
+    port = free_port()
     # the pool starts each worker through the sdist's launcher, which asks the runner for the
     # job's options; no credentials in the pool's environment
     env = {k: v for k, v in env.items() if not k.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_"))}
     pool = subprocess.Popen([str(venv / "bin" / "specrag-worker"), "pool", f"--port={port}"], cwd=folder, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert pool.poll() is None and time.time() < deadline, "the worker pool did not start"
-        time.sleep(0.2)
+    wait_listening(port, pool, "the worker pool")
     yield f"127.0.0.1:{port}"
     pool.terminate()
     pool.wait(timeout=30)
@@ -281,17 +265,9 @@ def test_build_index_on_prism_is_byte_identical(demo_tables, demo_index, prism, 
     FnApiRunner wrote (the demo index): the passages, the BM25 arrays, the vectors and the FAISS
     index; the manifests differ only in their build record (runner, time), and the intermediate
     embedding shards in how many the runner cut."""
+    from conftest import assert_same_index
     from specrag.pipelines.build_index import run_build_index
     out = tmp_path / "index"
     run_build_index(str(demo_tables[1]), str(out), ["bm25", "dense"],
                     beam_args=("--runner=PrismRunner", f"--prism_location={prism}"))
-    def content(folder):  # what search reads; the embeddings' shards are the runner's to cut
-        return sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file() and
-                      (p.parent.name in ("bm25", "dense") or p.name in ("passages.parquet", "vectors.npy")))
-    files = content(demo_index)
-    assert len(files) >= 9 and files == content(out)
-    for name in files:
-        assert (out / name).read_bytes() == (demo_index / name).read_bytes(), name
-    from specrag.transforms.runtime import manifest_fingerprint
-    assert manifest_fingerprint(json.loads((out / "manifest.json").read_text())) == \
-        manifest_fingerprint(json.loads((demo_index / "manifest.json").read_text()))
+    assert_same_index(out, demo_index)
