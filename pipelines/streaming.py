@@ -237,6 +237,23 @@ def window_counts(out: str, window_s: float) -> dict:
     return dict(sorted(windows.items()))
 
 
+def _record_failure(out: str, base: dict, started: float, result, error: BaseException) -> None:
+    """A streaming run that fails (a lost TaskManager, a second signal) says so in its manifest,
+    which said ``running`` since the start; a second signal also cancels the job on its runner
+    (a cluster's job would otherwise outlive the launcher)."""
+    if isinstance(error, KeyboardInterrupt) and result is not None:
+        with contextlib.suppress(Exception):
+            result.cancel()
+    running: dict = {}
+    with contextlib.suppress(Exception):
+        running = json.loads(read_text(join(out, "manifest.json")))
+    with contextlib.suppress(Exception):
+        write_manifest(out, {**base, "status": "cancelled" if isinstance(error, KeyboardInterrupt) else "failed",
+                             "error": f"{type(error).__name__}: {error}".splitlines()[0][:2000],
+                             "wall_s": round(time.time() - started, 3), "windows_reported": running.get("windows", {}),
+                             "note": "shards of the windows written are kept; --resume answers the rest once"})
+
+
 def settings_manifest(stream: StreamSettings) -> dict:
     return {"streaming": asdict(stream)}
 
@@ -276,9 +293,14 @@ def run_streaming_answer(job, rows=None) -> dict:
         label = f"answer {job.method.name} (streaming)"
         marker = join(out, STOP_MARKER)
         delete([marker] if exists(marker) else [])  # an earlier run's stop is not this one's
-        with watch_progress(label, out, None, rate_window_s=300), drain_on_signals(marker, label):
-            result = p.run()
-            result.wait_until_finish()
+        result = None
+        try:
+            with watch_progress(label, out, None, rate_window_s=300), drain_on_signals(marker, label):
+                result = p.run()
+                result.wait_until_finish()
+        except BaseException as error:
+            _record_failure(out, base, started, result, error)
+            raise
         stopped_by = read_text(marker).strip() if exists(marker) else None
         delete([marker] if stopped_by else [])
         running = json.loads(read_text(join(out, "manifest.json")))
