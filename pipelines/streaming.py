@@ -46,9 +46,8 @@ from specrag.transforms.progress import CountProgress, progress_dir, watch_progr
 from specrag.transforms.records import DEAD
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
-from specrag.transforms.streams import (AdmitRows, DedupeIds, PubSubQueries, WatchQueryFiles, can_watch, is_pubsub,
-                                        watch_pattern)
-from specrag.transforms.validate import ReadIds
+from specrag.transforms.streams import (AdmitRows, DedupeIds, KafkaQueries, PubSubQueries, SkipFinished, WatchQueryFiles,
+                                        can_watch, is_kafka, is_pubsub, kafka_source, watch_pattern)
 
 STREAM_PREFIX = "stream"  # results-stream-w...: a streaming run's shards, beside a batch run's results-000-...
 log = logging.getLogger(__name__)
@@ -56,14 +55,18 @@ log = logging.getLogger(__name__)
 
 def check_streaming_input(queries: str, streaming: bool, runner: str, stream: StreamSettings | None) -> None:
     """The clear errors a streaming run (or a batch run of an unbounded source) gets at start."""
-    if is_pubsub(queries) and not streaming:
-        raise ValueError(f"--queries {queries} is a Pub/Sub source, which never ends: pass --streaming")
+    for kind, unbounded in (("Pub/Sub", is_pubsub(queries)), ("Kafka", is_kafka(queries))):
+        if unbounded and not streaming:
+            raise ValueError(f"--queries {queries} is a {kind} source, which never ends: pass --streaming")
     if not streaming:
         return
-    if not (is_pubsub(queries) or can_watch(queries)):
+    if is_kafka(queries):
+        kafka_source(queries)  # its address is checked now, not when the job is built
+    elif not (is_pubsub(queries) or can_watch(queries)):
         raise ValueError(f"--streaming watches a folder or glob for new query files, or reads Pub/Sub "
-                         f"(--queries pubsub:projects/P/subscriptions/S); {queries!r} is one file: name its folder "
-                         "(a trailing /) or a glob, or drop --streaming to answer it as a batch job")
+                         f"(--queries pubsub:projects/P/subscriptions/S) or Kafka (kafka://HOST:PORT/TOPIC); "
+                         f"{queries!r} is one file: name its folder (a trailing /) or a glob, or drop --streaming "
+                         "to answer it as a batch job")
     name = runner.rsplit(".", 1)[-1]
     if name == "FnApiRunner" and stream is not None and stream.stop_after_s is None:
         log.warning("--streaming on the FnApiRunner: it answers each poll round's new files as they land, but "
@@ -73,6 +76,9 @@ def check_streaming_input(queries: str, streaming: bool, runner: str, stream: St
     if is_pubsub(queries) and name == "FnApiRunner":
         raise ValueError("a Pub/Sub source needs a runner that streams (DataflowRunner, or the DirectRunner, "
                          "which reads Pub/Sub on its streaming runner)")
+    if is_kafka(queries) and name in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", ""):
+        raise ValueError("a Kafka source is a Java transform: run it on a portable runner (FlinkRunner: "
+                         "deploy/flink/launch.py and deploy/flink/kafka_services.py start a local one) or DataflowRunner")
 
 
 STOP_MARKER = ".stop"  # in the output folder: the watch source ends when it appears (a signal's drain)
@@ -81,6 +87,8 @@ STOP_MARKER = ".stop"  # in the output folder: the watch source ends when it app
 def query_source(queries: str, stream: StreamSettings, stop_marker: str | None = None) -> beam.PTransform:
     if is_pubsub(queries):
         return PubSubQueries(queries, stream.timestamp_attribute)
+    if is_kafka(queries):
+        return KafkaQueries(queries)
     return WatchQueryFiles(watch_pattern(queries), stream.poll_interval_s, stream.stop_after_s, stop_marker)
 
 
@@ -88,9 +96,11 @@ def query_source(queries: str, stream: StreamSettings, stop_marker: str | None =
 def drain_on_signals(marker: str, label: str):
     """SIGINT or SIGTERM while a streaming job runs: write the stop marker, so the watch source ends
     at its next poll and the job drains the queries in flight and stops (manifest ``stopped``, the
-    lease released); a second signal stops at once. Handlers are only set in the main thread."""
+    lease released); a second signal stops at once. Handlers are only set in the main thread.
+    Yields ``rearm``, to call after the job is submitted: Beam's local job servers (Prism's)
+    put their own SIGINT handler first when they start, which stops the server at once."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -103,10 +113,13 @@ def drain_on_signals(marker: str, label: str):
         print(f"{label}: {signal.Signals(signum).name}: no new queries; draining the ones in flight "
               "(again to stop at once)", file=sys.stderr, flush=True)
 
-    for s in previous:
-        signal.signal(s, handler)
+    def rearm() -> None:
+        for s in previous:
+            signal.signal(s, handler)
+
+    rearm()
     try:
-        yield
+        yield rearm
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -153,17 +166,16 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
         rows = p | "Queries" >> query_source(job.queries, stream, join(out, STOP_MARKER))
     validator = functools.partial(validate_query, task_types=job.method.task_types)
     admitted = rows | "AdmitQueries" >> beam.ParDo(AdmitRows(
-        validator, stream.allowed_lateness_s, stream.event_time_field)).with_outputs(DEAD, main="valid")
+        validator, stream.allowed_lateness_s, stream.event_time_field,
+        stop_marker=join(out, STOP_MARKER) if is_kafka(job.queries) else None)).with_outputs(DEAD, main="valid")
     # The FnApiRunner runs a streaming job in rounds, one per poll, and moves the watermark to the
     # end of time after each (an expiry timer would fire at once): its runs are bounded
     # (--stop-after), so the dedupe state lives as long as the job there
     horizon = None if runner_name(job.beam_args) == "FnApiRunner" else stream.dedupe_horizon_s
-    finished = (p | "ReadFinished" >> ReadIds(list(finished_files)) if finished_files
-                else p | "NoneFinished" >> beam.Create([]))
     deduped = (admitted.valid
+               | "SkipFinished" >> beam.ParDo(SkipFinished(list(finished_files)))
                | "TypedIds" >> beam.Map(lambda kv: kv).with_output_types(Tuple[str, Any])
-               | "DedupeIds" >> beam.ParDo(DedupeIds(horizon), beam.pvalue.AsDict(
-                   finished | "AsKeys" >> beam.Map(lambda qid: (qid, True)))).with_outputs(DEAD, main="valid"))
+               | "DedupeIds" >> beam.ParDo(DedupeIds(horizon)).with_outputs(DEAD, main="valid"))
     progress = progress_dir(out)
     keyed = (deduped.valid
              | "ProgressAdmitted" >> CountProgress(progress, "admitted")
@@ -237,6 +249,48 @@ def window_counts(out: str, window_s: float) -> dict:
     return dict(sorted(windows.items()))
 
 
+class CancelWhenDrained:
+    """For a source that never ends (Kafka): once the stop marker is written (a signal), rows
+    read after it are not admitted (``AdmitRows``), and when every query admitted is answered or
+    failed and its shard is written, the job is cancelled on its runner, which is then the run's
+    end (manifest ``stopped``). Written means committed shards: the rows in this run's result
+    files, and its dead letters, reach the counts the workers published."""
+
+    def __init__(self, out: str, marker: str, result, poll_s: float = 1.0):
+        self.out, self.marker, self.result, self.poll_s = out, marker, result, poll_s
+        self.before = set(finished_ids_files(out))
+        self.cancelled = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specrag-drain", daemon=True)
+
+    def start(self) -> "CancelWhenDrained":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def drained(self) -> bool:
+        from specrag.transforms.progress import count_rows, read_progress
+        counts = read_progress(progress_dir(self.out))
+        if counts["admitted"] > counts["done"] + counts["failed"]:
+            return False
+        results = count_rows([f for f in finished_ids_files(self.out) if f not in self.before]) or 0
+        dead = count_rows(match_files(join(self.out, f"dead_letters-{STREAM_PREFIX}-*.parquet"))) or 0
+        return results >= counts["done"] and dead >= counts["dead"]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if exists(self.marker) and self.drained():
+                # once more after a poll: counts published a moment before the marker settle
+                if self._stop.wait(self.poll_s * 2) or not self.drained():
+                    continue
+                self.cancelled = True
+                with contextlib.suppress(Exception):
+                    self.result.cancel()
+                return
+
+
 def _record_failure(out: str, base: dict, started: float, result, error: BaseException) -> None:
     """A streaming run that fails (a lost TaskManager, a second signal) says so in its manifest,
     which said ``running`` since the start; a second signal also cancels the job on its runner
@@ -277,7 +331,7 @@ def run_streaming_answer(job, rows=None) -> dict:
         write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
         write_text(join(out, INPUTS_FILE), json.dumps([{"stream": job.queries}], indent=2))
         done = finished_ids_files(out) if job.resume else []
-        if not is_pubsub(job.queries):  # a restarted watch reads its files again: their rows are judged again
+        if not is_pubsub(job.queries):  # a restarted watch or Kafka read sees its rows again: they are judged again
             delete(match_files(join(out, f"dead_letters-{STREAM_PREFIX}-*.parquet")))
         base = {"job": "answer", "mode": "streaming", "method": job.method.name,
                 "method_config": job.method.config.to_dict(), "run_fingerprint": fingerprint,
@@ -293,14 +347,24 @@ def run_streaming_answer(job, rows=None) -> dict:
         label = f"answer {job.method.name} (streaming)"
         marker = join(out, STOP_MARKER)
         delete([marker] if exists(marker) else [])  # an earlier run's stop is not this one's
-        result = None
+        result, drain = None, None
         try:
-            with watch_progress(label, out, None, rate_window_s=300), drain_on_signals(marker, label):
+            with watch_progress(label, out, None, rate_window_s=300), drain_on_signals(marker, label) as rearm:
                 result = p.run()
-                result.wait_until_finish()
+                rearm()
+                if is_kafka(job.queries):  # a source that does not end at the marker
+                    drain = CancelWhenDrained(out, marker, result).start()
+                try:
+                    result.wait_until_finish()
+                except Exception:
+                    if not (drain and drain.cancelled):
+                        raise
         except BaseException as error:
             _record_failure(out, base, started, result, error)
             raise
+        finally:
+            if drain:
+                drain.stop()
         stopped_by = read_text(marker).strip() if exists(marker) else None
         delete([marker] if stopped_by else [])
         running = json.loads(read_text(join(out, "manifest.json")))

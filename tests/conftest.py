@@ -296,6 +296,21 @@ def adapted_denoiser_folder(folder, base):
     return folder
 
 
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory):
+    """A Kafka broker (KRaft), Beam's Kafka expansion service and a Java worker pool on
+    127.0.0.1, from the pinned jars `make install-flink` resolved (deploy/flink/kafka_services.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("specrag_kafka_services",
+                                                  REPO / "deploy" / "flink" / "kafka_services.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()  # `make install-flink` did it; a no-op then
+    services = module.Kafka(tmp_path_factory.mktemp("kafka")).start()
+    yield services
+    services.stop()
+
+
 @pytest.fixture(scope="session")
 def prism() -> str:
     """The Prism binary `make install-prism` built, checked to be the installed Beam's version."""

@@ -6,6 +6,10 @@ Sources (each yields query rows as dicts, timestamped with their event time):
   its rows' event time is when the file was first seen.
 - ``PubSubQueries``: Beam's ``ReadFromPubSub``, one JSON object per message; its event time is
   the publish time (or a message attribute, ``timestamp_attribute``).
+- ``KafkaQueries``: Beam's ``ReadFromKafka`` (a Java transform through an expansion service),
+  one JSON object per message value; its event time is when it is read, as for files. No
+  offsets are committed: a restarted job reads its topics from the start and ``DedupeIds``
+  skips the ids answered (``--resume``), so a lost worker loses nothing.
 
 ``AdmitRows`` validates each row as the batch job does (a rejected row is a dead letter) and
 applies the lateness policy: a row whose event time (its own ``event_time_field`` when set)
@@ -17,8 +21,8 @@ never runs ahead of the time rows are read, every admitted row is on time for it
 for it), it keeps a fingerprint of the row it admitted until ``horizon_s`` of event time have
 passed (an event-time timer clears it: the state is bounded). The same row again (a file read
 twice, a message redelivered) is dropped and counted; another row with that id is a
-duplicate-id dead letter, as in batch; ids answered by an earlier run into the same output
-(a side input) are skipped, as ``--resume`` skips them.
+duplicate-id dead letter, as in batch. ``SkipFinished`` before it skips the ids an earlier run
+into the same output answered, as ``--resume`` skips them.
 """
 from __future__ import annotations
 
@@ -41,11 +45,33 @@ from specrag.transforms.records import DEAD, dead_letter
 
 NAMESPACE = "specrag"
 PUBSUB_PREFIX = "pubsub:"  # --queries pubsub:projects/P/subscriptions/S (or .../topics/T)
+KAFKA_PREFIX = "kafka://"  # --queries kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC][?consumer.setting=value&...]
+# the key under which Beam's ReadFromKafka looks up a pre-started expansion service in the
+# --beam_services option (deploy/flink/kafka_services.py flags prints it)
+KAFKA_EXPANSION_SERVICE = "sdks:java:io:expansion-service:shadowJar"
 FILE_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def is_pubsub(queries: str) -> bool:
     return queries.startswith(PUBSUB_PREFIX)
+
+
+def is_kafka(queries: str) -> bool:
+    return queries.startswith(KAFKA_PREFIX)
+
+
+def kafka_source(queries: str) -> tuple[dict[str, str], list[str]]:
+    """``kafka://HOST:PORT/TOPIC?setting=value`` → (the consumer's settings, the topics). A
+    restarted job must see every message again, so the consumer starts at the earliest offset
+    unless the address says otherwise."""
+    from urllib.parse import parse_qsl, urlsplit
+    parts = urlsplit(queries)
+    topics = [t for t in parts.path.strip("/").split(",") if t]
+    if not parts.netloc or not topics:
+        raise ValueError(f"--queries {queries!r}: a Kafka source is kafka://HOST:PORT/TOPIC "
+                         "(brokers and topics may be comma-separated; consumer settings as ?name=value)")
+    return {"bootstrap.servers": parts.netloc, "auto.offset.reset": "earliest",
+            **dict(parse_qsl(parts.query, keep_blank_values=True))}, topics
 
 
 def can_watch(queries: str) -> bool:
@@ -161,16 +187,16 @@ class WatchQueryFiles(beam.PTransform):
         return ticks | "NewFiles" >> beam.ParDo(_PollFiles(self.pattern))
 
 
-def parse_message(data: bytes) -> dict:
-    """One Pub/Sub message's payload → one query row (a JSON object); anything else is a row
-    carrying ``_unreadable``."""
+def parse_message(data: bytes, source: str = "pubsub") -> dict:
+    """One message's payload (Pub/Sub, Kafka) → one query row (a JSON object); anything else is
+    a row carrying ``_unreadable``."""
     try:
         row = json.loads(data)
     except ValueError as e:
-        return {"_unreadable": f"message is not JSON ({e})", "_source": "pubsub"}
+        return {"_unreadable": f"message is not JSON ({e})", "_source": source}
     if not isinstance(row, dict):
-        return {"_unreadable": "message is not a JSON object", "_source": "pubsub"}
-    return {**row, "_source": "pubsub"}
+        return {"_unreadable": "message is not a JSON object", "_source": source}
+    return {**row, "_source": source}
 
 
 class PubSubQueries(beam.PTransform):
@@ -186,6 +212,37 @@ class PubSubQueries(beam.PTransform):
         kind = "subscription" if "/subscriptions/" in self.path else "topic"
         read = ReadFromPubSub(**{kind: self.path}, timestamp_attribute=self.timestamp_attribute)
         return pbegin | "ReadPubSub" >> read | "ParseMessages" >> beam.Map(parse_message)
+
+
+class _ParseRecord(beam.DoFn):
+    """A Kafka record (key, value) → a query row from its value (the key is not used)."""
+
+    def process(self, record):
+        _, value = record
+        yield parse_message(value or b"", "kafka")
+
+
+class KafkaQueries(beam.PTransform):
+    """Query rows from Kafka topics (``kafka://HOST:PORT/TOPIC``), through Beam's ``ReadFromKafka``.
+
+    The Java side comes from an expansion service: the one ``--beam_services`` names under
+    ``KAFKA_EXPANSION_SERVICE`` (``deploy/flink/kafka_services.py flags``), else Beam's default (it fetches
+    Beam's expansion service jar from Maven Central and runs the read in Docker)."""
+
+    def __init__(self, queries: str):
+        super().__init__()
+        self.config, self.topics = kafka_source(queries)
+
+    def expand(self, pbegin):
+        from apache_beam.io.kafka import ReadFromKafka
+        from apache_beam.options.pipeline_options import CrossLanguageOptions
+        from apache_beam.utils.subprocess_server import JavaJarServer
+        services = pbegin.pipeline.options.view_as(CrossLanguageOptions).beam_services or {}
+        # Beam applies --beam_services only inside `with Pipeline(...)`; a job built and run
+        # with p.run() names its service here, where ReadFromKafka resolves it
+        with JavaJarServer.beam_services(services):
+            read = ReadFromKafka(consumer_config=self.config, topics=self.topics)
+        return pbegin | "ReadKafka" >> read | "ParseMessages" >> beam.ParDo(_ParseRecord())
 
 
 def event_time(value: Any) -> Timestamp:
@@ -209,11 +266,26 @@ class AdmitRows(beam.DoFn):
     late). ``now``: the clock lateness is measured against (the wall clock)."""
 
     def __init__(self, validator: Callable[[dict], dict], allowed_lateness_s: float,
-                 event_time_field: str | None = None, now: Callable[[], float] = time.time):
+                 event_time_field: str | None = None, now: Callable[[], float] = time.time,
+                 stop_marker: str | None = None):
         self.validator, self.allowed_lateness_s = validator, allowed_lateness_s
         self.event_time_field, self.now = event_time_field, now
+        # a source that does not end at the stop marker (Kafka): rows read after it are not
+        # admitted (the next run reads them again), so the job can drain what it admitted
+        self.stop_marker = stop_marker
+        self._stopped, self._checked = False, 0.0
+
+    def _stopping(self) -> bool:
+        if self.stop_marker and not self._stopped and time.monotonic() - self._checked > 1.0:
+            from apache_beam.io.filesystems import FileSystems
+            self._checked = time.monotonic()
+            self._stopped = FileSystems.exists(self.stop_marker)
+        return self._stopped
 
     def process(self, row: dict, timestamp=beam.DoFn.TimestampParam):
+        if self._stopping():
+            Metrics.counter(NAMESPACE, "not_admitted_after_stop").inc()
+            return
         row = dict(row)
         source = row.pop("_source", None)
         row.pop("_order", None)
@@ -249,9 +321,31 @@ def row_fingerprint(row: dict) -> bytes:
     return hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode()).digest()[:16]
 
 
+class SkipFinished(beam.DoFn):
+    """(id, row) pairs whose id an earlier run into the same output answered are skipped, as
+    ``--resume`` skips them. The ids are read from that run's result files when the worker
+    starts, not taken as a side input: Flink's runner holds a main input back until the side
+    input is ready, and for an empty side input it releases what it held only when the main
+    input's watermark next moves (a Kafka read's held every query), and a side input on the keyed
+    ``DedupeIds`` mis-keyed its timers there (``ClassCastException`` in ``FlinkKeyUtils``)."""
+
+    def __init__(self, files: list[str], column: str = "id"):
+        self.files, self.column = list(files), column
+
+    def setup(self):
+        from specrag.jobio.files import read_parquet
+        self._finished = {i for f in self.files for i in read_parquet(f, columns=[self.column]).column(
+            self.column).to_pylist()}
+
+    def process(self, element):
+        if element[0] in self._finished:
+            Metrics.counter(NAMESPACE, "skipped_finished").inc()
+            return
+        yield element
+
+
 class DedupeIds(beam.DoFn):
-    """(id, row) → row, each id once while its state lives (see the module docstring); the side
-    input ``finished`` holds the ids an earlier run into the same output answered."""
+    """(id, row) → row, each id once while its state lives (see the module docstring)."""
 
     ADMITTED = ReadModifyWriteStateSpec("admitted", BytesCoder())
     EXPIRE = TimerSpec("expire", TimeDomain.WATERMARK)
@@ -259,12 +353,9 @@ class DedupeIds(beam.DoFn):
     def __init__(self, horizon_s: float | None):
         self.horizon_s = horizon_s  # None: kept for the job's life (a bounded run on the FnApiRunner)
 
-    def process(self, element, finished, timestamp=beam.DoFn.TimestampParam,
+    def process(self, element, timestamp=beam.DoFn.TimestampParam,
                 admitted=beam.DoFn.StateParam(ADMITTED), expire=beam.DoFn.TimerParam(EXPIRE)):
         qid, row = element
-        if qid in finished:
-            Metrics.counter(NAMESPACE, "skipped_finished").inc()
-            return
         fingerprint, earlier = row_fingerprint(row), admitted.read()
         if earlier == fingerprint:
             Metrics.counter(NAMESPACE, "repeated_rows").inc()  # the same row read again

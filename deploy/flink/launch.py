@@ -54,10 +54,6 @@ JAVA_OPTS = ["--add-exports=java.base/sun.net.util=ALL-UNNAMED", "--add-exports=
         "java.util", "java.util.concurrent", "java.util.concurrent.atomic", "java.util.concurrent.locks")]
 
 
-def _stamp_key() -> str:
-    return hashlib.sha256((HERE / "pom.xml").read_bytes() + (HERE / "jars.sha256").read_bytes()).hexdigest()
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -66,51 +62,89 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify(jars: list[Path]) -> None:
-    """Each jar of the resolved classpath is the pinned one (sha256), and none is missing or extra."""
-    pinned = {}
-    for line in (HERE / "jars.sha256").read_text().splitlines():
-        digest, rel = line.split()
-        pinned[rel] = digest
-    seen = set()
-    for jar in jars:
-        rel = next((r for r in pinned if jar.as_posix().endswith("/" + r)), None)
-        if rel is None:
-            raise SystemExit(f"flink engine: {jar} is not among the pinned jars (deploy/flink/jars.sha256)")
-        if _sha256(jar) != pinned[rel]:
-            raise SystemExit(f"flink engine: {jar} does not match its pinned sha256; delete it and install again")
-        seen.add(rel)
-    if missing := sorted(set(pinned) - seen):
-        raise SystemExit(f"flink engine: Maven did not resolve {len(missing)} pinned jars, e.g. {missing[0]}")
+class JarSet:
+    """A pinned set of jars: a pom's dependencies resolved from Maven Central by Maven
+    (``dependency:build-classpath``; nothing is built) into ``~/.m2``, each jar checked against
+    the pom's sha256 file, the classpath kept in ``.engines/flink``. ``install`` is idempotent."""
+
+    def __init__(self, name: str, pom: Path, pins: Path, classpath: Path):
+        self.name, self.pom, self.pins, self.classpath_file = name, pom, pins, classpath
+
+    def _stamp(self) -> Path:
+        return self.classpath_file.with_suffix(".installed")
+
+    def _key(self) -> str:
+        return hashlib.sha256(self.pom.read_bytes() + self.pins.read_bytes()).hexdigest()
+
+    def installed(self) -> bool:
+        stamp = self._stamp()
+        return stamp.is_file() and stamp.read_text() == self._key() and self.classpath_file.is_file()
+
+    def install(self, quiet: bool = True) -> list[Path]:
+        if self.installed():
+            return self.jars()
+        if not shutil.which("mvn") or not shutil.which("java"):
+            raise SystemExit(f"{self.name}: needs Java 17 and Maven (apt-get install openjdk-17-jdk-headless maven)")
+        self.classpath_file.parent.mkdir(parents=True, exist_ok=True)
+        cmd = ["mvn", "-B", "-ntp", "--strict-checksums", "-f", str(self.pom), "dependency:build-classpath",
+               f"-Dmdep.outputFile={self.classpath_file}"]
+        done = subprocess.run(cmd + (["-q"] if quiet else []), capture_output=quiet, text=True)
+        if done.returncode:
+            tail = (done.stdout or "").strip().splitlines()[-3:]
+            raise SystemExit(f"{self.name}: Maven could not resolve the pinned jars: {' '.join(tail)}")
+        self.verify(self.jars())
+        self._stamp().write_text(self._key())
+        return self.jars()
+
+    def jars(self) -> list[Path]:
+        return [Path(p) for p in self.classpath_file.read_text().strip().split(os.pathsep)]
+
+    def classpath(self) -> str:
+        if not self.installed():
+            raise SystemExit(f"{self.name}: not installed; run `python {Path(sys.argv[0]).name} install`")
+        return self.classpath_file.read_text().strip()
+
+    def verify(self, jars: list[Path]) -> None:
+        """Each jar of the resolved classpath is the pinned one (sha256), none missing or extra."""
+        pinned = {}
+        for line in self.pins.read_text().splitlines():
+            digest, rel = line.split()
+            pinned[rel] = digest
+        seen = set()
+        for jar in jars:
+            rel = next((r for r in pinned if jar.as_posix().endswith("/" + r)), None)
+            if rel is None:
+                raise SystemExit(f"{self.name}: {jar} is not among the pinned jars ({self.pins})")
+            if _sha256(jar) != pinned[rel]:
+                raise SystemExit(f"{self.name}: {jar} does not match its pinned sha256; delete it and install again")
+            seen.add(rel)
+        missing = sorted(set(pinned) - seen)
+        if missing:
+            raise SystemExit(f"{self.name}: the resolved classpath lacks pinned jars: {', '.join(missing[:3])}")
 
 
-def install(quiet: bool = True) -> Path:
-    """Resolve, check and link the engine's jars; returns the job server's jar. Idempotent."""
-    stamp = ENGINE / ".installed"
-    if stamp.is_file() and stamp.read_text() == _stamp_key() and JOB_SERVER_JAR.is_file():
-        return JOB_SERVER_JAR
-    if not shutil.which("mvn") or not shutil.which("java"):
-        raise SystemExit("flink engine: needs Java 17 and Maven (apt-get install openjdk-17-jdk-headless maven)")
-    ENGINE.mkdir(parents=True, exist_ok=True)
-    cmd = ["mvn", "-B", "-ntp", "--strict-checksums", "-f", str(HERE / "pom.xml"), "dependency:build-classpath",
-           f"-Dmdep.outputFile={CLASSPATH}"]
-    done = subprocess.run(cmd + (["-q"] if quiet else []), capture_output=quiet, text=True)
-    if done.returncode:
-        tail = (done.stdout or "").strip().splitlines()[-3:]
-        raise SystemExit(f"flink engine: Maven could not resolve the pinned jars: {' '.join(tail)}")
-    jars = [Path(p) for p in CLASSPATH.read_text().strip().split(os.pathsep)]
-    verify(jars)
-    # a jar that is only a manifest: Beam's runner starts the job server with `java -jar`
+def manifest_jar(path: Path, main_class: str, jars: list[Path]) -> Path:
+    """A jar that is only a manifest over ``jars`` (Beam's runner starts its job server with
+    ``java -jar``)."""
     header = "Class-Path: " + " ".join(j.as_uri() for j in jars)
     lines, rest = [header[:72]], header[72:]
     while rest:  # manifest lines are at most 72 bytes; a continuation starts with a space
         lines.append(" " + rest[:71])
         rest = rest[71:]
-    with zipfile.ZipFile(JOB_SERVER_JAR, "w") as jar:
+    with zipfile.ZipFile(path, "w") as jar:
         jar.writestr("META-INF/MANIFEST.MF",
-                     "\r\n".join(["Manifest-Version: 1.0", f"Main-Class: {JOB_SERVER_MAIN}", *lines]) + "\r\n")
-    stamp.write_text(_stamp_key())
-    return JOB_SERVER_JAR
+                     "\r\n".join(["Manifest-Version: 1.0", f"Main-Class: {main_class}", *lines]) + "\r\n")
+    return path
+
+
+FLINK = JarSet("flink engine", HERE / "pom.xml", HERE / "jars.sha256", CLASSPATH)
+
+
+def install(quiet: bool = True) -> Path:
+    """Resolve and check the engine's jars; returns the job server's jar. Idempotent."""
+    if FLINK.installed() and JOB_SERVER_JAR.is_file():
+        return JOB_SERVER_JAR
+    return manifest_jar(JOB_SERVER_JAR, JOB_SERVER_MAIN, FLINK.install(quiet))
 
 
 def free_port() -> int:

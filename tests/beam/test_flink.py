@@ -229,3 +229,4 @@ def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_r
                  "--output", str(tmp_path / "batch")]) == 0
     assert streamed == {r["id"]: r["answer"] for r in pq.read_table(sorted((tmp_path / "batch").glob(
         "results-*.parquet"))).to_pylist()}
+
