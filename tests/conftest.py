@@ -296,6 +296,65 @@ def adapted_denoiser_folder(folder, base):
     return folder
 
 
+def stream_rows(out: Path, kind: str) -> list[dict]:
+    """The rows of a streaming run's shards of one kind (``results``, ``dead_letters``)."""
+    import pyarrow.parquet as pq
+    files = sorted(Path(out).glob(f"{kind}-stream-*.parquet"))
+    return pq.read_table(files).to_pylist() if files else []
+
+
+def wait_for(condition, proc, what: str, timeout: float = 180) -> None:
+    """Wait for ``condition()`` while the job process ``proc`` runs; fail with its output if it ends."""
+    import time
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the job ended while waiting for {what}: {proc.stdout.read()[-3000:]}"
+        assert time.time() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def sigint_drains(job, within_s: float = 30) -> None:
+    """SIGINT to a streaming job's launcher: it exits 0 within ``within_s`` (drained, stopped)."""
+    import signal
+    import time
+    signalled = time.time()
+    job.send_signal(signal.SIGINT)
+    code = job.wait(timeout=120)
+    assert code == 0, job.stdout.read()[-3000:]
+    assert time.time() - signalled < within_s
+
+
+def assert_stopped_once(out: Path, account: dict, rows: list[dict], index: Path, folder: Path) -> None:
+    """A streaming run stopped by SIGINT: manifest ``stopped``, ``account`` as given, the lease and
+    the stop marker gone, and each answer equal to a batch retrieve-only run of ``rows``."""
+    import json
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.jobio.run_folder import LEASE_FILE
+    from specrag.pipelines.cli import main
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "stopped" and manifest["stopped_by"].startswith("SIGINT")
+    assert manifest["account"] == account
+    assert not (out / LEASE_FILE).exists() and not (out / ".stop").exists()
+    pq.write_table(pa.Table.from_pylist(rows), folder / "batch.parquet")
+    assert main(["answer", "--queries", str(folder / "batch.parquet"), "--index", str(index),
+                 "--method", "retrieve-only", "--output", str(folder / "batch")]) == 0
+    batch = pq.read_table(sorted((folder / "batch").glob("results-*.parquet"))).to_pylist()
+    assert {r["id"]: r["answer"] for r in stream_rows(out, "results")} == {r["id"]: r["answer"] for r in batch}
+
+
+def kafka_sender(bootstrap: str, topic: str):
+    """send(*messages): each message to ``topic``, flushed."""
+    from kafka import KafkaProducer
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+
+    def send(*messages: bytes) -> None:
+        for message in messages:
+            producer.send(topic, message)
+        producer.flush()
+    return send
+
+
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory):
     """A Kafka broker (KRaft), Beam's Kafka expansion service and a Java worker pool on

@@ -104,11 +104,7 @@ class Kafka:
         return path
 
     def _java(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = (self.folder / "log" / f"{name}.log").open("ab")
-        proc = subprocess.Popen(["java", *args], stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
-                                start_new_session=True, cwd=self.folder)
-        self.processes[name] = proc
-        return proc
+        return _L.start_java(self.folder, name, args, env or self.env, self.processes)
 
     def start(self, timeout: float = 120) -> "Kafka":
         broker, java_io = BROKER.classpath(), JAVA_IO.classpath()
@@ -139,20 +135,10 @@ class Kafka:
         return self
 
     def kill(self, name: str) -> None:
-        proc = self.processes.pop(name)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _L.kill(self.processes, name)
 
     def stop(self) -> None:
-        for name in list(self.processes):
-            proc = self.processes.pop(name)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        _L.stop_all(self.processes)
         (self.folder / "kafka.json").unlink(missing_ok=True)
 
     def describe(self) -> dict:

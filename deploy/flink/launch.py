@@ -158,6 +158,36 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def start_java(folder: Path, name: str, args: list[str], env: dict[str, str],
+               processes: dict[str, subprocess.Popen]) -> subprocess.Popen:
+    """One JVM of a local service, in a session of its own (a kill takes what it started), its
+    output in ``folder/log/<name>.log``, registered in ``processes`` under ``name``."""
+    log = (folder / "log" / f"{name}.log").open("ab")
+    proc = subprocess.Popen(["java", *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, cwd=folder)
+    processes[name] = proc
+    return proc
+
+
+def kill(processes: dict[str, subprocess.Popen], name: str) -> None:
+    proc = processes.pop(name)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def stop_all(processes: dict[str, subprocess.Popen], timeout: float = 30) -> None:
+    """SIGTERM to each process group, SIGKILL to one still there after ``timeout``."""
+    for name in list(processes):
+        proc = processes.pop(name)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 class Cluster:
     """A JobManager, ``taskmanagers`` TaskManagers and a Beam job server, each its own JVM,
     bound to 127.0.0.1, with their configuration and logs in ``folder``."""
@@ -196,11 +226,7 @@ class Cluster:
         return conf
 
     def _java(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = (self.folder / "log" / f"{name}.log").open("ab")
-        proc = subprocess.Popen(["java", *args], stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                start_new_session=True, cwd=self.folder)
-        self.processes[name] = proc
-        return proc
+        return start_java(self.folder, name, args, self.env, self.processes)
 
     def _taskmanager_flags(self, conf: Path) -> tuple[list[str], list[str]]:
         """The JVM flags and the ``-D`` memory settings Flink's scripts compute for a TaskManager."""
@@ -270,20 +296,10 @@ class Cluster:
 
     def kill(self, name: str) -> None:
         """SIGKILL one process of the cluster (a TaskManager, say): no clean-up of its own."""
-        proc = self.processes.pop(name)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill(self.processes, name)
 
     def stop(self) -> None:
-        for name in list(self.processes):
-            proc = self.processes.pop(name)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        stop_all(self.processes)
         (self.folder / "cluster.json").unlink(missing_ok=True)
 
     def describe(self) -> dict:

@@ -4,7 +4,7 @@ FlinkRunner, each TaskManager starting its SDK workers with specrag-worker (PROC
 environment): answers equal to the FnApiRunner's (batch-invariant settings), RaLMSpec equal to
 RaLMSeq token for token, build-index byte-identical, and a TaskManager killed with SIGKILL in
 the middle of a job, after which --resume completes the run with every id once; and a watched
-folder streamed on Flink across a TaskManager kill and a restart."""
+folder and a Kafka topic streamed on Flink across a TaskManager kill and a restart."""
 import importlib.util
 import json
 import os
@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import assert_stopped_once, kafka_sender, sigint_drains, stream_rows, wait_for
 
 from specrag.methods import create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
@@ -161,19 +162,6 @@ def test_the_deployment_guides_flink_command_works_as_written(flink, demo_tables
     assert manifest["counters"]["answered"] == 4 and "--runner=FlinkRunner" in manifest["beam_args"]
 
 
-def _stream_rows(out: Path, kind: str) -> list[dict]:
-    files = sorted(out.glob(f"{kind}-stream-*.parquet"))
-    return pq.read_table(files).to_pylist() if files else []
-
-
-def _wait(condition, proc, what: str, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert proc.poll() is None, f"the job ended while waiting for {what}: {proc.stdout.read()[-3000:]}"
-        assert time.time() < deadline, f"no {what} after {timeout:.0f} s"
-        time.sleep(0.2)
-
-
 def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_restart(flink, demo_tables,
                                                                                           demo_index, tmp_path):
     """`specrag answer --streaming` over a watched folder on Flink, as a user runs it: files are
@@ -182,9 +170,7 @@ def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_r
     released); `--resume` after the TaskManager is back reads the folder again, skips the ids
     answered, answers the new file, and SIGINT drains it to a `stopped` manifest. Every query is
     answered once, as a batch run of the same rows answers it."""
-    import signal
     from specrag.jobio.run_folder import LEASE_FILE
-    from specrag.pipelines.cli import main
     rows = pq.read_table(demo_tables[0]).slice(0, 8).select(["id", "question"]).to_pylist()
     incoming, out = tmp_path / "incoming", tmp_path / "out"
     incoming.mkdir()
@@ -195,38 +181,67 @@ def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_r
               "--window", "5", "--stop-after", "900", *flink.flags()]
     job = subprocess.Popen(answer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait(lambda: len(_stream_rows(out, "results")) == 3, job, "the first file's results")
+        wait_for(lambda: len(stream_rows(out, "results")) == 3, job, "the first file's results")
         (incoming / "more.jsonl").write_text(json.dumps(rows[3]) + "\nnot json\n")
         (incoming / "broken.parquet").write_bytes(b"PAR1 this is not a Parquet file")
-        _wait(lambda: len(_stream_rows(out, "dead_letters")) == 2, job, "the dead letters, while the job runs")
-        _wait(lambda: len(_stream_rows(out, "results")) == 4, job, "the JSON file's good row")
+        wait_for(lambda: len(stream_rows(out, "dead_letters")) == 2, job, "the dead letters, while the job runs")
+        wait_for(lambda: len(stream_rows(out, "results")) == 4, job, "the JSON file's good row")
         flink.kill("taskmanager-1")
         assert job.wait(timeout=300) != 0  # the job fails with its TaskManager
     finally:
         job.kill()
     failed = json.loads((out / "manifest.json").read_text())
     assert failed["status"] == "failed" and failed["error"] and not (out / LEASE_FILE).exists()
-    assert sorted(d["stage"] for d in _stream_rows(out, "dead_letters")) == ["read", "read"]
+    assert sorted(d["stage"] for d in stream_rows(out, "dead_letters")) == ["read", "read"]
 
     flink.start_taskmanager("taskmanager-1")
     flink.wait_for(2)
     pq.write_table(pa.Table.from_pylist(rows[4:] + rows[:1]), incoming / "late.parquet")  # rows[0] again: skipped
     job = subprocess.Popen([*answer, "--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait(lambda: len({r["id"] for r in _stream_rows(out, "results")}) == 8, job, "the new file's results")
-        job.send_signal(signal.SIGINT)
-        assert job.wait(timeout=120) == 0, job.stdout.read()[-3000:]
+        wait_for(lambda: len({r["id"] for r in stream_rows(out, "results")}) == 8, job, "the new file's results")
+        sigint_drains(job)
     finally:
         job.kill()
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "stopped" and manifest["stopped_by"].startswith("SIGINT")
-    assert manifest["account"] == {"results": 8, "duplicated": 0, "dead_letters": 2}
-    assert not (out / LEASE_FILE).exists() and not (out / ".stop").exists()
-    streamed = {r["id"]: r["answer"] for r in _stream_rows(out, "results")}
-    batch = tmp_path / "batch.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), batch)
-    assert main(["answer", "--queries", str(batch), "--index", str(demo_index), "--method", "retrieve-only",
-                 "--output", str(tmp_path / "batch")]) == 0
-    assert streamed == {r["id"]: r["answer"] for r in pq.read_table(sorted((tmp_path / "batch").glob(
-        "results-*.parquet"))).to_pylist()}
+    assert_stopped_once(out, {"results": 8, "duplicated": 0, "dead_letters": 2}, rows, demo_index, tmp_path)
 
+
+def test_a_kafka_stream_on_flink_answers_each_query_once_across_a_kill_and_a_restart(flink, kafka, demo_tables,
+                                                                                       demo_index, tmp_path):
+    """`--queries kafka://127.0.0.1:PORT/TOPIC` on Flink (ReadFromKafka through Beam's Java
+    expansion service and a Java worker pool; a real broker): messages answered as they arrive,
+    corrupt ones dead letters while the job runs; a TaskManager killed fails the job (`failed`);
+    `--resume` reads the topic again, skips the answered ids and a message sent twice, answers
+    the new ones, and SIGINT drains it to `stopped`: every query once, as a batch run answers it."""
+    from specrag.jobio.run_folder import LEASE_FILE
+    rows = pq.read_table(demo_tables[0]).slice(0, 6).select(["id", "question"]).to_pylist()
+    send = kafka_sender(kafka.bootstrap, "flink-queries")
+    send(*(json.dumps(r).encode() for r in rows[:3]), b"not json")
+    out = tmp_path / "out"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
+    answer = [sys.executable, "-m", "specrag.pipelines.cli", "answer", "--streaming",
+              "--queries", f"kafka://{kafka.bootstrap}/flink-queries", "--output", str(out),
+              "--index", str(demo_index), "--method", "retrieve-only", "--window", "5", *flink.flags(), *kafka.flags()]
+    job = subprocess.Popen(answer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(stream_rows(out, "results")) == 3, job, "the first messages' results", timeout=300)
+        wait_for(lambda: len(stream_rows(out, "dead_letters")) == 1, job, "the dead letter, while the job runs")
+        flink.kill("taskmanager-1")
+        assert job.wait(timeout=300) != 0  # the job fails with its TaskManager
+    finally:
+        job.kill()
+    failed = json.loads((out / "manifest.json").read_text())
+    assert failed["status"] == "failed" and "--max_bundle_size=1" in failed["beam_args"]
+    assert not (out / LEASE_FILE).exists()
+
+    flink.start_taskmanager("taskmanager-1")
+    flink.wait_for(2)
+    send(*(json.dumps(r).encode() for r in rows[3:] + rows[:1]))  # rows[0] again: skipped
+    job = subprocess.Popen([*answer, "--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len({r["id"] for r in stream_rows(out, "results")}) == 6, job, "the new messages' results",
+                 timeout=300)
+        sigint_drains(job)
+    finally:
+        job.kill()
+    assert_stopped_once(out, {"results": 6, "duplicated": 0, "dead_letters": 1}, rows, demo_index, tmp_path)

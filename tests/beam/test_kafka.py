@@ -8,41 +8,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import assert_stopped_once, kafka_sender, sigint_drains, stream_rows, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def _rows(out: Path, kind: str) -> list[dict]:
-    files = sorted(out.glob(f"{kind}-stream-*.parquet"))
-    return pq.read_table(files).to_pylist() if files else []
-
-
-def _wait(condition, proc, what: str, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert proc.poll() is None, f"the job ended while waiting for {what}: {proc.stdout.read()[-3000:]}"
-        assert time.time() < deadline, f"no {what} after {timeout:.0f} s"
-        time.sleep(0.2)
-
-
 def test_a_kafka_stream_answers_each_query_once_across_a_kill_and_a_restart(kafka, prism, demo_tables, demo_index,
                                                                             tmp_path):
-    from kafka import KafkaProducer
-    from specrag.jobio.run_folder import LEASE_FILE
-    from specrag.pipelines.cli import main
     rows = pq.read_table(demo_tables[0]).slice(0, 7).select(["id", "question"]).to_pylist()
-    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
-
-    def send(*messages: bytes) -> None:
-        for message in messages:
-            producer.send("queries", message)
-        producer.flush()
+    send = kafka_sender(kafka.bootstrap, "queries")
 
     send(*(json.dumps(r).encode() for r in rows[:3]), b"not json", b'["not", "an object"]')
     out = tmp_path / "out"
@@ -55,41 +32,26 @@ def test_a_kafka_stream_answers_each_query_once_across_a_kill_and_a_restart(kafk
     job = subprocess.Popen(answer, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
     try:
-        _wait(lambda: len(_rows(out, "results")) == 3, job, "the first messages' results")
-        _wait(lambda: len(_rows(out, "dead_letters")) == 2, job, "the dead letters, while the job runs")
+        wait_for(lambda: len(stream_rows(out, "results")) == 3, job, "the first messages' results")
+        wait_for(lambda: len(stream_rows(out, "dead_letters")) == 2, job, "the dead letters, while the job runs")
         send(json.dumps(rows[3]).encode())
-        _wait(lambda: len(_rows(out, "results")) == 4, job, "a message sent while the job runs")
+        wait_for(lambda: len(stream_rows(out, "results")) == 4, job, "a message sent while the job runs")
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
-    assert sorted(d["message"].split(" (")[0] for d in _rows(out, "dead_letters")) == [
+    assert sorted(d["message"].split(" (")[0] for d in stream_rows(out, "dead_letters")) == [
         "message is not JSON", "message is not a JSON object"]
 
     send(*(json.dumps(r).encode() for r in rows[4:] + rows[:1]))  # rows[0] again: skipped
     job = subprocess.Popen([*answer, "--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, start_new_session=True)
     try:
-        _wait(lambda: len({r["id"] for r in _rows(out, "results")}) == 7, job, "the new messages' results")
-        signalled = time.time()
-        job.send_signal(signal.SIGINT)
-        code = job.wait(timeout=120)
-        log = job.stdout.read()
-        (tmp_path / "resumed.log").write_text(log)
-        assert code == 0, log[-3000:]
-        assert time.time() - signalled < 30  # drained: what was admitted is written, then the job is cancelled
+        wait_for(lambda: len({r["id"] for r in stream_rows(out, "results")}) == 7, job, "the new messages' results")
+        sigint_drains(job)  # drained: what was admitted is written, then the job is cancelled
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "stopped" and manifest["stopped_by"].startswith("SIGINT")
-    assert manifest["account"] == {"results": 7, "duplicated": 0, "dead_letters": 2}
-    assert not (out / LEASE_FILE).exists() and not (out / ".stop").exists()
-    batch = tmp_path / "batch.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), batch)
-    assert main(["answer", "--queries", str(batch), "--index", str(demo_index), "--method", "retrieve-only",
-                 "--output", str(tmp_path / "batch")]) == 0
-    assert {r["id"]: r["answer"] for r in _rows(out, "results")} == {
-        r["id"]: r["answer"] for r in pq.read_table(sorted((tmp_path / "batch").glob("results-*.parquet"))).to_pylist()}
+    assert_stopped_once(out, {"results": 7, "duplicated": 0, "dead_letters": 2}, rows, demo_index, tmp_path)
 
 
 def test_a_kafka_address_is_checked_at_start(tmp_path):
