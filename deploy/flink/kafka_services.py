@@ -29,7 +29,6 @@ import argparse
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -184,14 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Kafka broker on {kafka.bootstrap}: --queries kafka://{kafka.bootstrap}/TOPIC "
               f"{' '.join(kafka.flags())}")
     elif args.command == "stop":
-        if not state.is_file():
-            raise SystemExit("Kafka is not running")
-        for pid in json.loads(state.read_text())["pids"].values():
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        state.unlink()
+        _L.stop_recorded(state, "Kafka is not running")
     elif args.command == "flags":
         if not state.is_file():
             raise SystemExit("Kafka is not running: `python deploy/flink/kafka_services.py start`")

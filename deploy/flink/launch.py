@@ -188,6 +188,18 @@ def stop_all(processes: dict[str, subprocess.Popen], timeout: float = 30) -> Non
                 proc.wait()
 
 
+def stop_recorded(state: Path, not_running: str) -> None:
+    """`stop` of a detached start: SIGTERM to each process group its state file records."""
+    if not state.is_file():
+        raise SystemExit(not_running)
+    for pid in json.loads(state.read_text())["pids"].values():
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    state.unlink()
+
+
 class Cluster:
     """A JobManager, ``taskmanagers`` TaskManagers and a Beam job server, each its own JVM,
     bound to 127.0.0.1, with their configuration and logs in ``folder``."""
@@ -363,14 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Flink {FLINK_VERSION} on http://127.0.0.1:{cluster.rest_port} with {args.taskmanagers} TaskManagers; "
               f"jobs: specrag ... {' '.join(cluster.flags())}")
     elif args.command == "stop":
-        if not state.is_file():
-            raise SystemExit("no cluster is running")
-        for pid in json.loads(state.read_text())["pids"].values():
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        state.unlink()
+        stop_recorded(state, "no cluster is running")
     elif args.command == "flags":
         if not state.is_file():
             raise SystemExit("no cluster is running: `python deploy/flink/launch.py start`")
