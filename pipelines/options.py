@@ -243,9 +243,12 @@ class FlinkBundleOptions(PipelineOptions):
     def _add_argparse_args(cls, parser):
         group = parser.add_argument_group("flink bundles (FlinkRunner)")
         _flag(group, "max_bundle_size", type=int, default=None,
-              help="elements per bundle on Flink (its default: 1000); a streaming Kafka job on Flink gets 1")
+              help="elements per bundle on Flink (its default: 1000)")
         _flag(group, "max_bundle_time_millis", type=int, default=None,
               help="milliseconds before Flink finishes a bundle (its default: 1000)")
+        _flag(group, "shutdown_sources_after_idle_ms", type=int, default=None,
+              help="milliseconds Flink keeps a source that has emitted everything (its default without "
+                   "checkpointing: 0); a streaming job on Flink keeps its sources up")
 
 
 class StreamOptions(PipelineOptions):

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict
 from typing import Any, Tuple
 
@@ -46,8 +47,9 @@ from specrag.transforms.progress import CountProgress, progress_dir, watch_progr
 from specrag.transforms.records import DEAD
 from specrag.transforms.sinks import WriteParquetShards
 from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
-from specrag.transforms.streams import (AdmitRows, DedupeIds, KafkaQueries, PubSubQueries, SkipFinished,
-                                        WatchQueryFiles, can_watch, is_kafka, is_pubsub, kafka_source, watch_pattern)
+from specrag.transforms.streams import (AdmitRows, DedupeIds, KafkaQueries, MarkEndOfInput, PubSubQueries,
+                                        SkipFinished, WatchQueryFiles, can_watch, is_kafka, is_pubsub, kafka_source,
+                                        watch_pattern)
 
 STREAM_PREFIX = "stream"  # results-stream-w...: a streaming run's shards, beside a batch run's results-000-...
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ def check_streaming_input(queries: str, streaming: bool, runner: str, stream: St
 
 
 STOP_MARKER = ".stop"  # in the output folder: the watch source ends when it appears (a signal's drain)
+ENDED_MARKER = ".ended"  # in the output folder: written once everything read is counted (MarkEndOfInput)
 
 
 def query_source(queries: str, stream: StreamSettings, stop_marker: str | None = None) -> beam.PTransform:
@@ -208,25 +211,72 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
     counts = ((results | "OneResult" >> beam.Map(lambda _: ("results", 1)), *dead_ones)
               | "AllRows" >> beam.Flatten()
               | "PerWindow" >> beam.CombinePerKey(sum))
-    _ = (counts
-         | "WindowCounts" >> beam.ParDo(_WindowCount())
-         | "ToGlobalWindow" >> beam.WindowInto(GlobalWindows())
-         | "UpdateManifest" >> beam.ParDo(UpdateManifest(out, manifest_base or {})))
+    in_global = (counts
+                 | "WindowCounts" >> beam.ParDo(_WindowCount())
+                 | "ToGlobalWindow" >> beam.WindowInto(GlobalWindows()))
+    _ = in_global | "UpdateManifest" >> beam.ParDo(UpdateManifest(out, manifest_base or {}))
+    if ends_by_cancel(job) and not is_kafka(job.queries):
+        # the counts' watermark passes the end of time once every branch has drained; the
+        # one element from the start sets the timer even if no query ever came
+        _ = ((p | "Start" >> beam.Create([("end", None)]),
+              in_global | "NoCounts" >> beam.Filter(lambda _: False))
+             | "UntilAllCounted" >> beam.Flatten()
+             | "MarkEndOfInput" >> beam.ParDo(MarkEndOfInput(join(out, ENDED_MARKER))))
+
+
+KEEP_SOURCES_UP_MS = 2**63 - 1  # Java's Long.MAX_VALUE: Flink keeps a finished source's task up
 
 
 def stream_beam_args(job) -> tuple[str, ...]:
-    """The job's Beam flags, with one-element bundles for a Kafka read on Flink unless
-    ``--max_bundle_size`` is given: downstream of Beam's SDF Kafka read, Flink's runner (2.62)
-    finished bundles only by count, never by time, so queries waited for 1000 more (measured: 1 of
-    3 answered after 100 s with the default; all within 3 s of arrival with 1). One-element bundles
-    cost the engine its batching across queries on that runner."""
+    """The job's Beam flags; on Flink, with its sources kept up (``--shutdown_sources_after_idle_ms``)
+    and a job name (``--job_name``, how ``cancel_job`` finds it) unless given.
+
+    Without checkpointing, Flink's runner (2.62) ends a source task once it has emitted
+    everything, which the impulse under the watch's poll and under Beam's Kafka read does at
+    once; the unbounded read then ran inside the next operator's end-of-input flush, where
+    bundles finished only by count (a Kafka query waited for 999 more) and CPU and heap grew
+    until the TaskManager missed its heartbeats (every streaming job failed 2-4 minutes in, idle
+    or busy). Kept up, the job does not end with its source: it is cancelled once it has drained
+    (``CancelWhenDrained``)."""
     args = tuple(job.beam_args)
-    if (is_kafka(job.queries) and runner_name(args) == "FlinkRunner"
-            and not any(a.split("=", 1)[0] in ("--max_bundle_size", "--max-bundle-size") for a in args)):
-        log.warning("Kafka on Flink: --max_bundle_size=1 (Flink's runner here finishes bundles downstream of "
-                    "the Kafka read only by count)")
-        args += ("--max_bundle_size=1",)
+    if runner_name(args) != "FlinkRunner":
+        return args
+    given = {a.split("=", 1)[0].replace("-", "_") for a in args}
+    if "--shutdown_sources_after_idle_ms" not in given:
+        args += (f"--shutdown_sources_after_idle_ms={KEEP_SOURCES_UP_MS}",)
+    if "--job_name" not in given:
+        args += (f"--job_name=specrag-{job.method.name}-{uuid.uuid4().hex[:12]}",)
     return args
+
+
+def ends_by_cancel(job) -> bool:
+    """A streaming job whose source does not end the job: a Kafka read never ends, and on Flink
+    the sources are kept up (``stream_beam_args``)."""
+    return is_kafka(job.queries) or runner_name(job.beam_args) == "FlinkRunner"
+
+
+def cancel_job(result, beam_args) -> None:
+    """Cancels the job on its runner. On Flink, Beam's portable cancel only interrupts the job
+    server's wait for the job: the Flink job went on RUNNING with its slots held after the
+    launcher had exited, so there it is cancelled through Flink's REST API (``--flink_master``)
+    by its job name (``--job_name``, which the launcher sets unless given)."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, GoogleCloudOptions, PipelineOptions
+    with contextlib.suppress(Exception):
+        result.cancel()
+    options = PipelineOptions(list(beam_args))
+    master, name = options.view_as(FlinkRunnerOptions).flink_master, options.view_as(GoogleCloudOptions).job_name
+    if runner_name(beam_args) != "FlinkRunner" or not name or master in (None, "[auto]", "[local]"):
+        return
+    import urllib.request
+    rest = master if "://" in master else f"http://{master}"
+    try:
+        jobs = json.load(urllib.request.urlopen(f"{rest}/jobs/overview", timeout=10))["jobs"]
+        for flink_job in jobs:
+            if flink_job["name"] == name and flink_job["state"] not in ("FINISHED", "FAILED", "CANCELED"):
+                urllib.request.urlopen(urllib.request.Request(f"{rest}/jobs/{flink_job['jid']}?mode=cancel",
+                                                              method="PATCH"), timeout=10)
+    except OSError as e:
+        log.warning("could not cancel the Flink job %s through %s: %s", name, rest, e)
 
 
 def runner_name(beam_args) -> str:
@@ -265,14 +315,19 @@ def window_counts(out: str, window_s: float) -> dict:
 
 
 class CancelWhenDrained:
-    """For a source that never ends (Kafka): once the stop marker is written (a signal), rows
-    read after it are not admitted (``AdmitRows``), and when every query admitted is answered or
-    failed and its shard is written, the job is cancelled on its runner, which is then the run's
-    end (manifest ``stopped``). Written means committed shards: the rows in this run's result
-    files, and its dead letters, reach the counts the workers published."""
+    """Ends a streaming job whose source does not end it (``ends_by_cancel``): it is cancelled
+    on its runner, which is then the run's end (manifest ``stopped``), once it has drained.
 
-    def __init__(self, out: str, marker: str, result, poll_s: float = 1.0):
-        self.out, self.marker, self.result, self.poll_s = out, marker, result, poll_s
+    Drained means: its input has ended — ``ended`` exists (``MarkEndOfInput``: the watch saw the
+    stop marker or ``--stop-after`` and everything it read is counted) or, for a Kafka read,
+    which never ends, the stop marker exists and rows read after it are not admitted
+    (``AdmitRows``) — and every query admitted is answered or failed and its shard committed:
+    the rows in this run's result files, and its dead letters, reach the counts the workers
+    published."""
+
+    def __init__(self, out: str, marker: str, result, beam_args, ended: str | None = None, poll_s: float = 1.0):
+        self.out, self.marker, self.result, self.ended, self.poll_s = out, marker, result, ended, poll_s
+        self.beam_args = beam_args
         self.before = set(finished_ids_files(out))
         self.cancelled = False
         self._stop = threading.Event()
@@ -296,23 +351,21 @@ class CancelWhenDrained:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            if exists(self.marker) and self.drained():
+            if exists(self.ended or self.marker) and self.drained():
                 # once more after a poll: counts published a moment before the marker settle
                 if self._stop.wait(self.poll_s * 2) or not self.drained():
                     continue
                 self.cancelled = True
-                with contextlib.suppress(Exception):
-                    self.result.cancel()
+                cancel_job(self.result, self.beam_args)
                 return
 
 
-def _record_failure(out: str, base: dict, started: float, result, error: BaseException) -> None:
+def _record_failure(out: str, base: dict, started: float, result, error: BaseException, beam_args=()) -> None:
     """A streaming run that fails (a lost TaskManager, a second signal) says so in its manifest,
     which said ``running`` since the start; a second signal also cancels the job on its runner
     (a cluster's job would otherwise outlive the launcher)."""
     if isinstance(error, KeyboardInterrupt) and result is not None:
-        with contextlib.suppress(Exception):
-            result.cancel()
+        cancel_job(result, beam_args)
     running: dict = {}
     with contextlib.suppress(Exception):
         running = json.loads(read_text(join(out, "manifest.json")))
@@ -362,27 +415,30 @@ def run_streaming_answer(job, rows=None) -> dict:
                                         fingerprint=fingerprint, lease_token=lease.token, manifest_base=base)
         label = f"answer {job.method.name} (streaming)"
         marker = join(out, STOP_MARKER)
-        delete([marker] if exists(marker) else [])  # an earlier run's stop is not this one's
+        ended = join(out, ENDED_MARKER)
+        delete([m for m in (marker, ended) if exists(m)])  # an earlier run's stop is not this one's
         result, drain = None, None
         try:
             with watch_progress(label, out, None, rate_window_s=300), drain_on_signals(marker, label) as rearm:
                 result = p.run()
                 rearm()
-                if is_kafka(job.queries):  # a source that does not end at the marker
-                    drain = CancelWhenDrained(out, marker, result).start()
+                if ends_by_cancel(job):
+                    drain = CancelWhenDrained(out, marker, result, beam_args,
+                                              None if is_kafka(job.queries) else ended).start()
                 try:
                     result.wait_until_finish()
                 except Exception:
                     if not (drain and drain.cancelled):
                         raise
         except BaseException as error:
-            _record_failure(out, base, started, result, error)
+            _record_failure(out, base, started, result, error, beam_args)
             raise
         finally:
             if drain:
                 drain.stop()
         stopped_by = read_text(marker).strip() if exists(marker) else None
         delete([marker] if stopped_by else [])
+        delete([ended] if exists(ended) else [])
         running = json.loads(read_text(join(out, "manifest.json")))
         manifest = write_manifest(out, {
             **base, "status": "stopped", "wall_s": round(time.time() - started, 3), "stopped_by": stopped_by,

@@ -372,3 +372,26 @@ class DedupeIds(beam.DoFn):
     @on_timer(EXPIRE)
     def expire_state(self, admitted=beam.DoFn.StateParam(ADMITTED)):
         admitted.clear()
+
+
+class MarkEndOfInput(beam.DoFn):
+    """Writes the file ``path`` once its input's watermark has passed the end of time: by then
+    every element upstream has been processed and every window has fired. Fed ``(key, _)`` in
+    the global window, at least one element (each sets the same timer). Why: on Flink a
+    streaming job's sources are kept up (``pipelines/streaming.py``, ``stream_beam_args``), so
+    the job does not end when its source does; the launcher cancels it once this file is there
+    and the shards are written."""
+
+    END = TimerSpec("end", TimeDomain.WATERMARK)
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def process(self, element, end=beam.DoFn.TimerParam(END)):
+        from apache_beam.transforms.window import GlobalWindow
+        end.set(GlobalWindow().max_timestamp())
+
+    @on_timer(END)
+    def on_end(self):
+        from specrag.jobio.files import write_text
+        write_text(self.path, time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))

@@ -344,7 +344,9 @@ def job_flags(described: dict, worker: str | None = None) -> list[str]:
     """The Beam flags that run a job on the cluster: Beam's FlinkRunner through the cluster's job
     server, parallelism = the slots, each SDK worker started by ``specrag-worker``."""
     worker = worker or default_worker()
+    # --flink_master: where a streaming job is cancelled (Beam's portable cancel leaves it running)
     return ["--runner=FlinkRunner", f"--job_endpoint={described['job_endpoint']}",
+            f"--flink_master={described['rest'].split('://', 1)[1]}",
             f"--parallelism={described['parallelism']}", "--environment_type=PROCESS",
             "--environment_config=" + json.dumps({"command": worker}, separators=(",", ":"))]
 
