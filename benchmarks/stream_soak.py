@@ -18,11 +18,10 @@ and checks the account (every query once, the bad lines as dead letters). One to
 
     .venv/bin/python benchmarks/stream_soak.py --runner flink --minutes 30   # writes results/stream_soak.md
 
-Status (2026-12-04): on the local Flink cluster the stream has not lasted: three runs (30, 30 and
-20 minutes asked) failed after 2-4 minutes, each time right after the watch's Poll stage went
-FINISHED, with both TaskManagers and the JobManager reporting each other's heartbeat timed out
-(15 s); RSS was flat until then (Python workers ~465-500 MB, launcher 152 MB, the two TaskManager
-JVMs 2.2-2.5 GB). A 1.5-minute run completes (352 answered, none lost, SIGINT to exit 3.2 s).
+Status (2026-12-04, f1f7727): on the local Flink cluster a 30-minute stream ran to the end
+(6,888 answered once, none lost, SIGINT to exit 8.1 s); the Python workers' and the launcher's
+RSS flat, the TaskManager JVMs' RSS grew 1.69 → 2.24 GB (results/stream_soak.md). Before
+f1f7727 every stream there died 2-4 minutes in (Flink's runner ended the impulse source at once).
 
 The claim line: ``rss_growth_workers`` and ``rss_growth_launcher`` (mean RSS over the last
 third of the run / over the middle third: the first third is warm-up), ``answered``, ``lost``,
