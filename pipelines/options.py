@@ -235,13 +235,13 @@ class StreamSettings:
             raise ValueError(f"--stop-after must be > 0 seconds, got {self.stop_after_s}")
 
 
-class FlinkBundleOptions(PipelineOptions):
-    """Beam's Flink runner's bundle settings, which Beam's Python SDK does not declare: declared
-    here so they reach the Flink job server (it reads them as its FlinkPipelineOptions)."""
+class FlinkRunnerSettings(PipelineOptions):
+    """Beam's Flink runner's settings that Beam's Python SDK does not declare: declared here so
+    they reach the Flink job server (it reads them as its FlinkPipelineOptions)."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        group = parser.add_argument_group("flink bundles (FlinkRunner)")
+        group = parser.add_argument_group("flink runner settings (FlinkRunner)")
         _flag(group, "max_bundle_size", type=int, default=None,
               help="elements per bundle on Flink (its default: 1000)")
         _flag(group, "max_bundle_time_millis", type=int, default=None,
