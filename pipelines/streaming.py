@@ -215,13 +215,14 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
                  | "WindowCounts" >> beam.ParDo(_WindowCount())
                  | "ToGlobalWindow" >> beam.WindowInto(GlobalWindows()))
     _ = in_global | "UpdateManifest" >> beam.ParDo(UpdateManifest(out, manifest_base or {}))
-    if ends_by_cancel(job) and not is_kafka(job.queries):
+    ended = end_of_input_marker(job)
+    if ended:
         # the counts' watermark passes the end of time once every branch has drained; the
         # one element from the start sets the timer even if no query ever came
         _ = ((p | "Start" >> beam.Create([("end", None)]),
               in_global | "NoCounts" >> beam.Filter(lambda _: False))
              | "UntilAllCounted" >> beam.Flatten()
-             | "MarkEndOfInput" >> beam.ParDo(MarkEndOfInput(join(out, ENDED_MARKER))))
+             | "MarkEndOfInput" >> beam.ParDo(MarkEndOfInput(ended)).with_input_types(Tuple[str, Any]))
 
 
 KEEP_SOURCES_UP_MS = 2**63 - 1  # Java's Long.MAX_VALUE: Flink keeps a finished source's task up
@@ -253,6 +254,14 @@ def ends_by_cancel(job) -> bool:
     """A streaming job whose source does not end the job: a Kafka read never ends, and on Flink
     the sources are kept up (``stream_beam_args``)."""
     return is_kafka(job.queries) or runner_name(job.beam_args) == "FlinkRunner"
+
+
+def end_of_input_marker(job) -> str | None:
+    """The file ``MarkEndOfInput`` writes when the input of a job that ``ends_by_cancel`` has
+    ended (a watched folder or a finite stream on Flink), which tells ``CancelWhenDrained`` to
+    cancel; None where the source ends the job itself, and for Kafka, which never ends (only a
+    stop does)."""
+    return join(job.output, ENDED_MARKER) if ends_by_cancel(job) and not is_kafka(job.queries) else None
 
 
 def cancel_job(result, beam_args) -> None:
@@ -415,16 +424,15 @@ def run_streaming_answer(job, rows=None) -> dict:
                                         fingerprint=fingerprint, lease_token=lease.token, manifest_base=base)
         label = f"answer {job.method.name} (streaming)"
         marker = join(out, STOP_MARKER)
-        ended = join(out, ENDED_MARKER)
-        delete([m for m in (marker, ended) if exists(m)])  # an earlier run's stop is not this one's
+        ended = end_of_input_marker(job)
+        delete([m for m in (marker, ended) if m and exists(m)])  # an earlier run's stop is not this one's
         result, drain = None, None
         try:
             with watch_progress(label, out, None, rate_window_s=300), drain_on_signals(marker, label) as rearm:
                 result = p.run()
                 rearm()
                 if ends_by_cancel(job):
-                    drain = CancelWhenDrained(out, marker, result, beam_args,
-                                              None if is_kafka(job.queries) else ended).start()
+                    drain = CancelWhenDrained(out, marker, result, beam_args, ended).start()
                 try:
                     result.wait_until_finish()
                 except Exception:
@@ -438,7 +446,7 @@ def run_streaming_answer(job, rows=None) -> dict:
                 drain.stop()
         stopped_by = read_text(marker).strip() if exists(marker) else None
         delete([marker] if stopped_by else [])
-        delete([ended] if exists(ended) else [])
+        delete([ended] if ended and exists(ended) else [])
         running = json.loads(read_text(join(out, "manifest.json")))
         manifest = write_manifest(out, {
             **base, "status": "stopped", "wall_s": round(time.time() - started, 3), "stopped_by": stopped_by,

@@ -484,3 +484,47 @@ def gcs(tmp_path_factory):
         os.environ["STORAGE_EMULATOR_HOST"] = before
     server.terminate()
     server.wait()
+
+
+def corpus_jobs(corpus: Path, out: Path, beam_args: tuple[str, ...]) -> dict:
+    """build-datastore (exact kind) and extract-triplets (spaCy rules) over ``corpus`` on the
+    runner ``beam_args`` names; what a runner must not change: the datastore's keys, values and
+    FAISS file byte for byte, the triplet sets, and the dead letters (id, stage)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from specrag.pipelines.build_datastore import run_build_datastore
+    from specrag.pipelines.extract_triplets import ExtractJob, run_extract_triplets
+    from specrag.retrieval.triplets import TripletStore
+    from specrag.transforms.triplets import ExtractorConfig
+    datastore = out / "datastore"
+    job = run_build_datastore(str(corpus), str(datastore), max_tokens=48, kinds=("flat",), beam_args=beam_args)
+    triplets = out / "triplets"
+    extracted = run_extract_triplets(ExtractJob(str(corpus), str(triplets), ExtractorConfig(), batch_size=8,
+                                                beam_args=beam_args))
+
+    def dead(folder):
+        return sorted((r["id"], r["stage"]) for f in sorted(folder.glob("dead_letters*.parquet"))
+                      for r in pq.read_table(f).to_pylist())
+    return {"datastore": {name: (datastore / name).read_bytes() for name in ("keys.npy", "values.npy", "flat.faiss")},
+            "datastore_entries": json.loads((datastore / "manifest.json").read_text())["entries"],
+            "datastore_dead": dead(datastore), "datastore_runner": job["beam_args"],
+            "triplets": TripletStore.open(str(triplets)).sets, "triplets_dead": dead(triplets),
+            "passages": extracted["passages"]}
+
+
+@pytest.fixture(scope="session")
+def small_corpus(demo_tables, tmp_path_factory) -> Path:
+    """The demo corpus (36 passages) and one invalid row (no text): a dead letter in every job."""
+    import pyarrow.parquet as pq
+    rows = pq.read_table(demo_tables[1]).to_pylist() + [{"id": "notext", "title": "Broken", "text": None}]
+    path = tmp_path_factory.mktemp("small_corpus") / "corpus.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=8)
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_jobs_on_fnapi(small_corpus, tmp_path_factory) -> dict:
+    """`corpus_jobs` on the FnApiRunner: the reference the other runners must equal."""
+    return corpus_jobs(small_corpus, tmp_path_factory.mktemp("corpus_jobs_fnapi"), BEAM_ARGS)

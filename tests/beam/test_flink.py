@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import assert_stopped_once, kafka_sender, sigint_drains, stream_rows, wait_for
+from conftest import assert_stopped_once, corpus_jobs, kafka_sender, sigint_drains, stream_rows, wait_for
 
 from specrag.methods import create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
@@ -111,6 +111,18 @@ def test_build_index_on_flink_is_byte_identical(flink, demo_tables, demo_index, 
     out = tmp_path / "index"
     run_build_index(str(demo_tables[1]), str(out), ["bm25", "dense"], beam_args=tuple(flink.flags()))
     assert_same_index(out, demo_index)
+
+
+def test_build_datastore_and_extract_triplets_on_flink_equal_the_fnapi_runner(flink, small_corpus,
+                                                                              corpus_jobs_on_fnapi, tmp_path):
+    """KNN-LM's datastore (its last stage builds the FAISS file on one worker from a side input)
+    and the triplet sets (RunInference, sharded writes) come out of Flink byte for byte as out
+    of the FnApiRunner, the invalid row a dead letter in each."""
+    jobs = corpus_jobs(small_corpus, tmp_path, tuple(flink.flags()))
+    assert corpus_jobs_on_fnapi["datastore_dead"] == [("notext", "validate")]
+    assert "--runner=FlinkRunner" in jobs["datastore_runner"]
+    assert {k: v for k, v in jobs.items() if k != "datastore_runner"} == \
+        {k: v for k, v in corpus_jobs_on_fnapi.items() if k != "datastore_runner"}
 
 
 def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, demo_tables, demo_index, tmp_path):

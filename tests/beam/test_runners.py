@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import free_port, wait_listening
+from conftest import corpus_jobs, free_port, wait_listening
 from specrag.methods import create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.transforms.runtime import RuntimeConfig
@@ -271,3 +271,16 @@ def test_build_index_on_prism_is_byte_identical(demo_tables, demo_index, prism, 
     run_build_index(str(demo_tables[1]), str(out), ["bm25", "dense"],
                     beam_args=("--runner=PrismRunner", f"--prism_location={prism}"))
     assert_same_index(out, demo_index)
+
+
+def test_build_datastore_and_extract_triplets_on_prism_equal_the_fnapi_runner(small_corpus, corpus_jobs_on_fnapi,
+                                                                              prism, tmp_path):
+    """KNN-LM's datastore (keys, values, FAISS file) and the triplet sets come out of Prism byte
+    for byte as out of the FnApiRunner, and the invalid row is a dead letter in each job."""
+    jobs = corpus_jobs(small_corpus, tmp_path, ("--runner=PrismRunner", f"--prism_location={prism}"))
+    reference = corpus_jobs_on_fnapi
+    assert reference["datastore_entries"] > 36 * 10 and len(reference["triplets"]) == reference["passages"] == 36
+    assert reference["datastore_dead"] == reference["triplets_dead"] == [("notext", "validate")]
+    assert "--runner=PrismRunner" in jobs["datastore_runner"]
+    assert {k: v for k, v in jobs.items() if k != "datastore_runner"} == \
+        {k: v for k, v in reference.items() if k != "datastore_runner"}
