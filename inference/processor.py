@@ -46,8 +46,8 @@ def resolve_dtype(requested: str, backend: str = "local", flags: frozenset[str] 
     if requested not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {requested!r}")
     if requested == "auto":
-        return "bfloat16" if backend == "local" and has_native_bf16(flags) else "float32"
-    if requested == "bfloat16" and backend == "local" and not has_native_bf16(flags):
+        return "bfloat16" if backend in ("local", "vllm") and has_native_bf16(flags) else "float32"
+    if requested == "bfloat16" and backend in ("local", "vllm") and not has_native_bf16(flags):
         log.warning("--dtype bfloat16 on a CPU without AMX or AVX512-BF16 (%s): PyTorch emulates bfloat16 "
                     "matmuls there, several times slower than float32; --dtype auto picks float32",
                     cpu_model_and_flags()[0])

@@ -45,11 +45,16 @@ class ModelOptions(PipelineOptions):
     def _add_argparse_args(cls, parser):
         group = parser.add_argument_group("models")
         _flag(group, "backend", default="local",
-              help="local: models in the worker process; triton: a Triton server (--triton-url)")
+              help="local: models in the worker process; triton: a Triton server (--triton-url); vllm: vLLM's "
+                   "engine, a server per worker process (make install-vllm) or --vllm-url")
         _flag(group, "triton_url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
         _flag(group, "triton_timeout", type=float, default=300.0, help="seconds per Triton request")
         _flag(group, "triton_retries", type=int, default=3,
               help="retries (exponential backoff) while the server is unavailable or overloaded")
+        _flag(group, "vllm_url", help="http://host:port of a running vLLM OpenAI server (default: the vllm backend "
+                                      "starts one per worker process and model from .venv-vllm)")
+        _flag(group, "vllm_kv_cache_gb", type=int, default=1,
+              help="the paged KV cache of each vLLM server the backend starts, GiB")
         _flag(group, "model", action="append", metavar="ROLE=NAME",
               help="model for a role, e.g. generator=smollm2-135m-instruct, embedder=all-minilm-l6-v2")
         _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
@@ -134,6 +139,8 @@ class RuntimeOptions(PipelineOptions):
     triton_url = property(lambda self: self.view_as(ModelOptions).triton_url)
     triton_timeout = property(lambda self: self.view_as(ModelOptions).triton_timeout)
     triton_retries = property(lambda self: self.view_as(ModelOptions).triton_retries)
+    vllm_url = property(lambda self: self.view_as(ModelOptions).vllm_url)
+    vllm_kv_cache_gb = property(lambda self: self.view_as(ModelOptions).vllm_kv_cache_gb)
     model = property(lambda self: self.view_as(ModelOptions).model)
     threads = property(lambda self: self.view_as(ModelOptions).threads)
     dtype = property(lambda self: self.view_as(ModelOptions).dtype)
@@ -161,6 +168,10 @@ class RuntimeOptions(PipelineOptions):
             from specrag.inference.triton import TritonConfig
             triton = TritonConfig(url=self.triton_url or TritonConfig().url, timeout_s=self.triton_timeout,
                                   retries=self.triton_retries)
+        vllm = None
+        if self.backend == "vllm" or self.vllm_url:
+            from specrag.inference.vllm import VllmConfig
+            vllm = VllmConfig(url=self.vllm_url, kv_cache_gb=self.vllm_kv_cache_gb)
         config = RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
                                retriever=self.retriever, num_threads=self.threads,
                                dtype=resolve_dtype(self.dtype, self.backend),
@@ -168,7 +179,8 @@ class RuntimeOptions(PipelineOptions):
                                                    max_in_flight=self.max_in_flight,
                                                    stage_timeout_s=self.stage_timeout,
                                                    queue_timeout_s=self.queue_timeout),
-                               triton=triton, datastore_dir=self.datastore, datastore_kind=self.datastore_kind,
+                               triton=triton, vllm=vllm, datastore_dir=self.datastore,
+                               datastore_kind=self.datastore_kind,
                                triplets_dir=self.triplets, exact_scan=self.exact_scan,
                                prefix_cache_mb=self.prefix_cache_mb)
         return config.with_roles(method.model_roles) if method is not None else config

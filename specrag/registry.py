@@ -81,6 +81,7 @@ MODELS = Registry("model", {
 BACKENDS = Registry("backend", {
     "local": "specrag.inference.local:LocalBackend",
     "triton": "specrag.inference.triton:TritonBackend",
+    "vllm": "specrag.inference.vllm:VllmBackend",
 })
 
 # a local model's kind (inference/models.py) -> the class that runs it, one module per kind

@@ -18,6 +18,7 @@ from specrag.inference.engine import BackendSettings, EngineConfig, Services
 from specrag.inference.models import KIND_NAMES, model_spec
 from specrag.inference.processor import MODEL_DTYPES
 from specrag.inference.triton import TritonConfig
+from specrag.inference.vllm import VllmConfig
 from specrag.retrieval.index import DENSE_KINDS
 
 BACKENDS = tuple(registry.BACKENDS)
@@ -52,6 +53,7 @@ class RuntimeConfig:
     dtype: str = "float32"
     engine: EngineConfig = field(default_factory=EngineConfig)
     triton: TritonConfig | None = None  # where the models are served when backend == "triton"
+    vllm: VllmConfig | None = None  # where vLLM runs when backend == "vllm" (None: a server per worker)
     datastore_dir: str | None = None  # KNN-LM datastore (`specrag build-datastore`)
     datastore_kind: str = "flat"  # flat (exact) | hnsw
     triplets_dir: str | None = None  # triplet sets of the index's passages (`specrag extract-triplets`)
@@ -86,16 +88,23 @@ class RuntimeConfig:
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.prefix_cache_mb and self.backend != "local":
-            raise ValueError("--prefix-cache-mb applies to the local backend (a Triton model keeps its own cache)")
+            raise ValueError("--prefix-cache-mb applies to the local backend (a Triton model keeps its own cache; "
+                             "vLLM caches prefixes itself)")
         if self.exact_scan not in EXACT_SCANS:
             raise ValueError(f"exact_scan must be one of {EXACT_SCANS}, got {self.exact_scan!r}")
         if needs_retriever and self.retriever in DENSE_KINDS:
             needs.setdefault("embedder", ())
             needs["embedder"] = tuple(dict.fromkeys(needs["embedder"] + (EMBED,)))
             models.setdefault("embedder", "all-minilm-l6-v2")
-        backend = registry.BACKENDS[self.backend]
-        check_capabilities(method, needs, {role: (self.backend, f"{models[role]}, {KIND_NAMES[model_spec(models[role]).kind]},",
-                                                  backend.serves(models[role])) for role in needs})
+        def elsewhere(role: str, op: str) -> list[str]:
+            return [name for name in registry.BACKENDS if name != self.backend_for(models[role])
+                    and op in registry.BACKENDS[name].serves(models[role])]
+        offered = {}
+        for role in needs:
+            name = self.backend_for(models[role])
+            offered[role] = (name, f"{models[role]}, {KIND_NAMES[model_spec(models[role]).kind]},",
+                             registry.BACKENDS[name].serves(models[role]))
+        check_capabilities(method, needs, offered, elsewhere)
         if self.backend == "triton":
             self._check_triton({role: (models[role], ops) for role, ops in needs.items()})
         if needs_datastore:
@@ -117,6 +126,14 @@ class RuntimeConfig:
                 raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index (has: {sorted(kinds)}); "
                                  f"rebuild with `specrag build-index --kinds {self.retriever}`")
             _check_index_files(self.index_dir, self.retriever)
+
+    def backend_for(self, model: str) -> str:
+        """The backend that runs ``model``: the run's, unless that backend serves nothing for the
+        model's kind and names a ``fallback`` (vLLM serves causal LMs: a vllm run's encoders,
+        cross-encoders and denoisers run on the local backend)."""
+        backend = registry.BACKENDS[self.backend]
+        fallback = getattr(backend, "fallback", None)
+        return fallback if fallback and not backend.serves(model) else self.backend
 
     def scan_precision(self) -> str | None:
         return None if self.exact_scan == "faiss" else self.exact_scan
@@ -253,11 +270,12 @@ def models_loaded() -> int:
 
 
 def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
-                 triton: TritonConfig | None = None, prefix_cache_mb: int = 0):
+                 triton: TritonConfig | None = None, prefix_cache_mb: int = 0, vllm: VllmConfig | None = None):
     """One backend per (kind, model, settings) and process: weights load once per worker."""
-    key = (kind, model, threads, dtype, triton, prefix_cache_mb)
+    key = (kind, model, threads, dtype, triton, prefix_cache_mb, vllm)
     if key not in _BACKENDS:
-        _BACKENDS[key] = registry.BACKENDS[kind].open(model, BackendSettings(threads, dtype, triton, prefix_cache_mb))
+        _BACKENDS[key] = registry.BACKENDS[kind].open(model, BackendSettings(threads, dtype, triton, prefix_cache_mb,
+                                                                             vllm))
     return _BACKENDS[key]
 
 
@@ -272,7 +290,7 @@ def worker_setup(config: RuntimeConfig) -> None:
     from specrag.transforms.worker_guard import exit_when_orphaned, is_sdk_worker_process
     if is_sdk_worker_process():  # a killed job's local workers must not go on computing
         exit_when_orphaned()
-    if config.backend == "local" and config.models:
+    if any(config.backend_for(model) == "local" for _, model in config.models):
         from specrag.inference.local_base import set_torch_threads
         set_torch_threads(config.num_threads)
 
@@ -290,15 +308,16 @@ def get_services(config: RuntimeConfig) -> Services:
     with _LOCK:
         if config in _SERVICES:
             return _SERVICES[config]
-        models = {role: load_backend(config.backend, name, config.num_threads, config.dtype, config.triton,
-                                     config.prefix_cache_mb)
+        models = {role: load_backend(config.backend_for(name), name, config.num_threads, config.dtype, config.triton,
+                                     config.prefix_cache_mb, config.vllm)
                   for role, name in config.models}
         retriever = None
         if config.index_dir:
             from specrag.retrieval.index import open_retriever
             embed = None
             if config.retriever in DENSE_KINDS:
-                embedder = models.get("embedder") or load_backend(config.backend, "all-minilm-l6-v2",
+                default = "all-minilm-l6-v2"
+                embedder = models.get("embedder") or load_backend(config.backend_for(default), default,
                                                                   config.num_threads, triton=config.triton)
                 embed = embedder.embed
             retriever = open_retriever(_local_copy(config.index_dir), config.retriever, embed,

