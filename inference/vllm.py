@@ -272,6 +272,10 @@ class VllmBackend(ModelBackend):
             except (asyncio.TimeoutError, TimeoutError) as e:
                 raise VllmTimeout(f"vLLM {self.name}: no answer within {cfg.timeout_s:g}s ({self.url})") from e
             except (aiohttp.ClientConnectionError, ConnectionError) as e:
+                code = self.server.exited() if self.server else None
+                if code is not None:  # no retry brings it back
+                    raise VllmUnavailable(f"vLLM {self.name}: its server exited with code {code}; log "
+                                          f"{self.server.log_path}") from e
                 if attempt == cfg.retries:
                     raise VllmUnavailable(f"vLLM {self.name}: server at {self.url} unavailable after "
                                           f"{cfg.retries + 1} attempts: {e}") from e

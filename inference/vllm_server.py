@@ -5,7 +5,9 @@ vLLM cannot be imported beside specrag (``deploy/vllm/install.py`` says why), an
 already runs as a front end feeding an engine-core process; the OpenAI server is that front end
 over HTTP, the way vLLM is deployed and the way Beam's own vLLM model handler runs it. The
 server binds 127.0.0.1 only, and exits with the process that started it (``PR_SET_PDEATHSIG``),
-so a killed worker leaves no engine computing.
+so a killed worker leaves no engine computing. It runs in a process group of its own, which
+``stop()`` ends whole: vLLM's engine-core and worker processes outlive a server killed with
+SIGKILL (2.5 GB each for SmolLM2; the tests' OOM of 2026-12-05 was such orphans).
 
     with VllmServer(VllmServerConfig("smollm2-135m-instruct", "/path/to/folder")) as server:
         print(server.url)   # http://127.0.0.1:PORT
@@ -113,7 +115,8 @@ class VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            env=self.environment(), preexec_fn=_die_with_parent)
+                                            env=self.environment(), preexec_fn=_die_with_parent,
+                                            start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -140,15 +143,39 @@ class VllmServer:
         except OSError:
             return "(no log)"
 
+    def exited(self) -> int | None:
+        """The server's exit code once it has exited (its group then stopped too), else None."""
+        code = self.process.poll() if self.process else None
+        if code is not None:
+            self.stop()
+        return code
+
     def stop(self, timeout_s: float = 20.0) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM to the server's process group (vLLM shuts its engine down), SIGKILL to whatever
+        of the group is left after ``timeout_s``."""
+        if self.process is None:
             return
-        self.process.terminate()
+        group = self.process.pid  # its own session: the group id is its pid
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            return
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
 
     def __enter__(self) -> "VllmServer":
         return self.start()

