@@ -15,12 +15,20 @@ string, token limit and end-of-sequence ids, the same weights, dtype and torch t
 - ``beam_runinference_hf``: Beam's RunInference on the in-process runner, the HF model loaded by
   Beam's PyTorch model handler (its HF handler cannot be imported next to transformers 5), batches
   of --batch from BatchElements, an inference_fn that left-pads and calls ``generate``.
+- ``specrag_vllm``: the `standard` method through specrag's engine on ``--backend vllm`` (vLLM's
+  server for the model, compiled, prefix caching on; every query in flight at once).
+- ``bare_vllm``: vLLM's offline ``LLM.generate`` over all prompts at once (benchmarks/vllm_bare.py,
+  in .venv-vllm), the same engine settings.
+
+Model load (weights, and for vLLM its compile and warm-up) is timed apart from the answers; the
+break-even number of questions is where specrag on vLLM, load included, overtakes the local backend.
 
 Useful model FLOPs are counted from the model's shapes (weights x tokens, attention over the real
 context, the vocabulary projection for each generated token; padding counts as nothing) and divided
 by the wall time; ``mfu`` is that rate over the measured peak of a matmul of the model's own
 shapes in the same dtype and threads. Writes benchmarks/results/peers.md, ending
-``vs_best_peer=<specrag throughput / best peer's> mfu=<specrag's share of the matmul peak>``.
+``vs_best_peer=<specrag's best backend's throughput / best peer's> vllm_backend_vs_bare_vllm=<...>
+mfu=<specrag's share of the matmul peak>`` (the vLLM term only when both vLLM systems ran).
 """
 from __future__ import annotations
 
@@ -36,7 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-PEERS = ("hf_generate_loop", "hf_padded_batches", "beam_runinference_hf")
+PEERS = ("hf_generate_loop", "hf_padded_batches", "beam_runinference_hf", "bare_vllm")
+OURS = ("specrag", "specrag_vllm")
 
 
 def model_flops(config, prompt_tokens: int, new_tokens: int) -> float:
@@ -143,13 +152,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16, help="rows per model call for specrag and the batched peers")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--systems", default="specrag," + ",".join(PEERS))
+    ap.add_argument("--systems", default=",".join((*OURS, *PEERS)))
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "peers.md"))
     args = ap.parse_args()
     systems = args.systems.split(",")
-    if "specrag" not in systems or not set(systems) - {"specrag"} or set(systems) - {"specrag", *PEERS}:
-        raise SystemExit(f"--systems: specrag and at least one of {PEERS}")
+    if "specrag" not in systems or not set(systems) & set(PEERS) or set(systems) - {*OURS, *PEERS}:
+        raise SystemExit(f"--systems: specrag, at least one of {PEERS}, and optionally specrag_vllm")
 
     import torch
     torch.set_num_threads(args.threads)
@@ -166,7 +175,10 @@ def main() -> int:
     if {q["task_type"] for q in queries} != {"short_form"}:
         raise SystemExit("peers.py expects short-form questions (one stop string and token limit for all)")
     model_name = "smollm2-135m-instruct"
+    loads = {}
+    started = time.perf_counter()
     backend = LocalBackend(LocalModelConfig(model_name, num_threads=args.threads, dtype=args.dtype))
+    loads["specrag"] = time.perf_counter() - started
     lm = backend._impl
     model, tokenizer = lm.model, lm.tokenizer
     task = {"max_new_tokens": MAX_NEW_TOKENS["short_form"], "stop": STOP["short_form"], "eos_ids": lm.eos_ids,
@@ -205,6 +217,42 @@ def main() -> int:
     record("specrag", wall, [s.trace.counts["generated_tokens"] for s in states], [s.raw_output for s in states])
     specrag_split = {k: lm.stats[k] - before[k] for k in ("prefill_s", "decode_s")}
 
+    if "specrag_vllm" in systems:
+        from specrag.inference.types import GenerateRequest
+        from specrag.inference.vllm import VllmBackend, VllmConfig
+        started = time.perf_counter()
+        served = VllmBackend(model_name, VllmConfig(), dtype=args.dtype, threads=args.threads)
+        served.generate([GenerateRequest("Hello", max_new_tokens=2)])  # first-call set-up, as for the others
+        loads["specrag_vllm"] = time.perf_counter() - started
+        engine = Engine(Services(models={"generator": served}, retriever=retriever),
+                        EngineConfig(max_batch=args.batch, max_wait_s=0.005))
+        start = time.perf_counter()
+        states, failures = run_method(engine, create_method("standard", top_k=args.top_k), queries)
+        wall = time.perf_counter() - start
+        engine.close()
+        served.server.stop()
+        if failures:
+            raise SystemExit(f"specrag_vllm: {len(failures)} queries failed: {failures[:2]}")
+        record("specrag_vllm", wall, [s.trace.counts["generated_tokens"] for s in states],
+               [s.raw_output for s in states])
+    if "bare_vllm" in systems:
+        import subprocess
+        from specrag.inference.models import materialise
+        from specrag.inference.vllm_server import VllmServer, VllmServerConfig, vllm_python
+        folder = str(materialise(model_name))
+        server = VllmServer(VllmServerConfig(model_name, folder, dtype=args.dtype, threads=args.threads))
+        job = {"folder": folder, "dtype": args.dtype, "max_model_len": server.config.max_model_len,
+               "max_num_seqs": server.config.max_num_seqs, "prompts": prompts, "max_new_tokens": task["max_new_tokens"],
+               "stop": list(task["stop"]), "eos_ids": list(task["eos_ids"])}
+        done = subprocess.run([str(vllm_python()), str(REPO / "benchmarks" / "vllm_bare.py")], input=json.dumps(job),
+                              capture_output=True, text=True, env=server.environment())
+        if done.returncode:
+            raise SystemExit(f"bare_vllm failed:\n{done.stderr[-3000:]}")
+        bare = json.loads(next(line for line in done.stdout.splitlines()
+                               if line.startswith("BARE_VLLM_RESULT "))[len("BARE_VLLM_RESULT "):])
+        loads["bare_vllm"] = bare["load_s"]
+        record("bare_vllm", bare["wall_s"], [len(g) for g in bare["token_ids"]], lm.detokenize(bare["token_ids"]))
+
     if "hf_generate_loop" in systems:
         start = time.perf_counter()
         generated = [hf_generate(model, tokenizer, [p], task)[0] for p in prompts]
@@ -224,19 +272,32 @@ def main() -> int:
     peak = matmul_peak(lm.config.torch_dtype(), model.config.hidden_size, model.config.intermediate_size)
     for r in rows:
         r["mfu"] = r["gflop_per_s"] * 1e9 / peak
+        r["load_s"] = loads.get(r["system"])
         r["same_answers"] = sum(a == b for a, b in zip(answers[r["system"]], answers["specrag"]))
-    ours = rows[0]["queries_per_s"]
-    best = max((r for r in rows[1:]), key=lambda r: r["queries_per_s"])
-    cols = ["system", "queries", "wall_s", "queries_per_s", "prompt_tokens", "generated_tokens", "model_gflop",
-            "gflop_per_s", "mfu", "same_answers", "contains_acc"]
+    by = {r["system"]: r for r in rows}
+    ours = max((r for r in rows if r["system"] in OURS), key=lambda r: r["queries_per_s"])
+    best = max((r for r in rows if r["system"] in PEERS), key=lambda r: r["queries_per_s"])
+    cols = ["system", "queries", "load_s", "wall_s", "queries_per_s", "prompt_tokens", "generated_tokens",
+            "model_gflop", "gflop_per_s", "mfu", "same_answers", "contains_acc"]
+    claim = f"vs_best_peer={ours['queries_per_s'] / best['queries_per_s']:.2f}"
+    extra = ""
+    if "specrag_vllm" in by and "bare_vllm" in by:
+        ratio = by["specrag_vllm"]["queries_per_s"] / by["bare_vllm"]["queries_per_s"]
+        claim += f" vllm_backend_vs_bare_vllm={ratio:.2f}"
+        local, served = by["specrag"], by["specrag_vllm"]
+        saved = 1 / local["queries_per_s"] - 1 / served["queries_per_s"]  # seconds per question
+        extra = (f" Break-even: specrag on vLLM, its load included, overtakes the local backend after "
+                 f"{(served['load_s'] - local['load_s']) / saved:.0f} questions." if saved > 0 else
+                 " specrag on vLLM answered no faster than on the local backend here: no break-even.")
     lines = ["", *markdown_table(rows, cols), "",
              f"Measured matmul peak ({args.dtype}, {args.threads} thread(s), the model's GEMM shapes): "
              f"{peak / 1e9:.1f} GFLOP/s. specrag's model time: prefill {specrag_split['prefill_s']:.1f} s, "
-             f"decode {specrag_split['decode_s']:.1f} s. Best peer: {best['system']}."]
+             f"decode {specrag_split['decode_s']:.1f} s. specrag's best backend: {ours['system']}; best peer: "
+             f"{best['system']}.{extra}"]
     publish(args.results, "Standard RAG throughput: specrag and its peers",
             f"{machine_line(args.threads)}, dtype {args.dtype}; data: first {len(queries)} PopQA questions, "
             f"BM25 over the pooled corpus of the shared sets, top-{args.top_k} documents; batches of {args.batch}.",
-            "\n".join(lines), f"vs_best_peer={ours / best['queries_per_s']:.2f} mfu={rows[0]['mfu']:.2f}")
+            "\n".join(lines), f"{claim} mfu={ours['mfu']:.2f}")
     return 0
 
 
