@@ -59,11 +59,13 @@ class MicroBatcher:
     ``call`` takes a list of requests and returns a list of results in the same order; an
     exception in that list fails only its own request.
     ``group_key`` splits requests that cannot share a call (e.g. different ``k``).
+    ``cancel`` is told the requests of a call under way whose waiters were cancelled.
     """
 
     def __init__(self, name: str, call: Callable[[list[Any]], Sequence[Any]], *,
                  max_batch: int, max_wait_s: float, executor: ThreadPoolExecutor,
-                 group_key: Callable[[Any], Any] | None = None):
+                 group_key: Callable[[Any], Any] | None = None,
+                 cancel: Callable[[list[Any]], None] | None = None):
         if max_batch < 1:
             raise ValueError(f"{name}: max_batch must be >= 1, got {max_batch}")
         if max_wait_s < 0:
@@ -74,6 +76,7 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self._executor = executor
         self._group_key = group_key or (lambda _r: None)
+        self._cancel = cancel
         self._pending: dict[Any, list[_Entry]] = {}
         self._open: dict[Any, _Batch] = {}  # per group key: the batch sent but not started, still taking requests
         self._seal = threading.Lock()  # the worker thread seals a batch as it starts it
@@ -83,6 +86,7 @@ class MicroBatcher:
         self.items = 0
         self.busy_s = 0.0
         self.withdrawn = 0  # requests of cancelled queries taken out of the queue unsent
+        self.abandoned = 0  # requests of cancelled queries whose call was under way (told to cancel)
 
     async def submit(self, request: Any) -> Any:
         """Queue one request; returns its result (or raises the backend's error)."""
@@ -108,7 +112,9 @@ class MicroBatcher:
         try:
             return await entry.future
         except asyncio.CancelledError:
-            self._withdraw(key, entry)
+            if not self._withdraw(key, entry) and self._cancel is not None:
+                self.abandoned += 1  # sent: the backend may still stop computing it
+                self._cancel([entry.request])
             raise
         finally:
             entry.served()
@@ -124,28 +130,32 @@ class MicroBatcher:
             batch.entries.append(entry)
             return True
 
-    def _withdraw(self, key: Any, entry: _Entry) -> None:
-        """A cancelled query's request still waiting for its batch never reaches the backend."""
+    def _withdraw(self, key: Any, entry: _Entry) -> bool:
+        """A cancelled query's request still waiting for its batch never reaches the backend;
+        False when it was no longer waiting (its batch was sent)."""
         batch = self._open.get(key)
         if batch is not None:
             with self._seal:
                 if not batch.sealed and entry in batch.entries:
                     batch.entries.remove(entry)
                     self.withdrawn += 1
-                    return
+                    return True
         queue = self._pending.get(key)
         if queue is None:
-            return
+            return False
+        withdrawn = False
         for i, queued in enumerate(queue):
             if queued is entry:
                 del queue[i]
                 self.withdrawn += 1
+                withdrawn = True
                 break
         if not queue:
             self._pending.pop(key, None)
             timer = self._timers.pop(key, None)
             if timer is not None:
                 timer.cancel()
+        return withdrawn
 
     @property
     def queued(self) -> int:

@@ -10,7 +10,8 @@ calls: micro-batches form across every query in flight, whichever bundle or thre
 
 Structured concurrency: a task a query starts with ``ctx.spawn`` (SPS's overlapped
 retrieval, RaLMSpec's asynchronous verification) is cancelled and awaited when the query
-ends; a cancelled query's requests still waiting for a batch are withdrawn; a stage that
+ends; a cancelled query's requests still waiting for a batch are withdrawn, and those already
+sent are handed to the backend's ``cancel`` (a server backend closes them); a stage that
 runs past ``stage_timeout_s`` fails with ``StageTimeout`` (a backend's own timeout keeps its
 own type and message); a loop stage marks each step's start with ``ctx.next_step()``, and the
 limit then bounds one step, not the loop. ``close`` cancels whatever is left and stops the loop thread.
@@ -100,6 +101,10 @@ class ModelBackend(Protocol):
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]: ...
     def score(self, requests: list[ScoreRequest]) -> list[Scored]: ...
     def embed(self, texts: list[str]) -> np.ndarray: ...
+
+    def cancel(self, requests: list) -> None:
+        """Rows of a call under way whose queries no longer wait (cancelled, past their stage
+        timeout): a server backend abandons their requests; a local batch runs to its end."""
 
 
 class SearchBackend(Protocol):
@@ -407,7 +412,7 @@ class Engine:
         if target == "retriever" or target in self.services.resources or target in RESOURCE_HINTS:
             holder = self.retriever() if target == "retriever" else self.resource(target)
             call = getattr(holder, op)
-            max_batch, inflight = self.config.retrieval_max_batch, 1
+            max_batch, inflight, cancel = self.config.retrieval_max_batch, 1, None
         else:
             backend = self.model(target)
             if op not in backend.capabilities:
@@ -422,6 +427,7 @@ class Engine:
                 if op == "embed":
                     call = _embed_rows(call)
             inflight = backend.max_inflight_batches
+            cancel = backend.cancel
         if k is not None:
             call = functools.partial(call, k=k)
         # one worker pool per target (or lane); retrieval has its own so it overlaps generation
@@ -429,7 +435,7 @@ class Engine:
         executor = self._executors.setdefault(
             pool, ThreadPoolExecutor(max_workers=inflight, thread_name_prefix=f"specrag-{pool}"))
         batcher = MicroBatcher(f"{pool}.{op}", call, max_batch=max_batch,
-                               max_wait_s=self.config.max_wait_s, executor=executor)
+                               max_wait_s=self.config.max_wait_s, executor=executor, cancel=cancel)
         self._batchers[key] = batcher
         return batcher
 
@@ -453,9 +459,10 @@ class Engine:
         return backend
 
     def batch_stats(self) -> dict[str, dict[str, float]]:
-        """Per batcher: backend calls, items, mean batch size, requests withdrawn unsent."""
+        """Per batcher: backend calls, items, mean batch size, requests withdrawn unsent, requests
+        abandoned while their call ran."""
         return {b.name: {"calls": b.calls, "items": b.items, "mean_batch": b.items / max(b.calls, 1),
-                         "withdrawn": b.withdrawn} for b in self._batchers.values()}
+                         "withdrawn": b.withdrawn, "abandoned": b.abandoned} for b in self._batchers.values()}
 
     # -- admission ------------------------------------------------------------------------
     def submit(self, stages: Sequence[Any], state: Any) -> concurrent.futures.Future:

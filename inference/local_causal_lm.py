@@ -25,20 +25,32 @@ class LocalCausalLM:
     """generate() and score() for one causal LM (SmolLM2 or Gemma 3)."""
 
     def __init__(self, config: LocalModelConfig):
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         spec = model_spec(config.model)
         if spec.kind != "causal-lm":
             raise ValueError(f"{config.model} is not a causal LM")
         set_torch_threads(config.num_threads)
         path = materialise(config.model)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype())
+        self._setup(config, AutoTokenizer.from_pretrained(path), config.quantise(model.eval()),
+                    chat=spec.chat is not False)
+
+    @classmethod
+    def from_model(cls, model, tokenizer, config: LocalModelConfig) -> "LocalCausalLM":
+        """The engine over a model already built, not loaded by name: no registry, no files
+        (benchmarks/gpu builds models of the papers' shapes with random weights). No chat template."""
+        self = cls.__new__(cls)
+        self._setup(config, tokenizer, model.eval(), chat=False)
+        return self
+
+    def _setup(self, config: LocalModelConfig, tokenizer, model, chat: bool) -> None:
+        import torch
         self.name = config.model
         self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = tokenizer
         self.device = torch.device(config.device)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype())
-        self.model = config.quantise(model.eval()).to(self.device)
-        self.instruct = spec.chat is not False and bool(self.tokenizer.chat_template)
+        self.model = model.to(self.device)
+        self.instruct = chat and bool(self.tokenizer.chat_template)
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if self.tokenizer.eos_token_id is not None:

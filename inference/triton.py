@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -27,6 +28,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from specrag.inference.capabilities import DENOISE, EMBED, FUSED_DECODE, GENERATE, RERANK, SCORE
+from specrag.inference.client_loop import ClientLoop
 from specrag.inference.engine import BackendSettings, ModelBackend
 from specrag.inference.triton_protocol import (OPS, PARAM_MODEL, PARAM_OP, decode_results, encode_requests)
 from specrag.inference.types import (Denoised, DenoiseRequest, FusedDecodeRequest, GenerateRequest, Generation,
@@ -87,10 +89,8 @@ class _Connection:
 
     def __init__(self, protocol: str, address: str):
         self.protocol, self.address = protocol, address
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=f"triton-{address}", daemon=True)
-        self._thread.start()
-        self.client = self.run(self._make_client())
+        self.loop = ClientLoop(f"triton-{address}")
+        self.client = self.loop.run(self._make_client())
         self.served: dict[str, dict] | None = None
 
     async def _make_client(self):
@@ -100,16 +100,8 @@ class _Connection:
         import tritonclient.http.aio as httpclient
         return httpclient.InferenceServerClient(self.address)
 
-    def run(self, coro, timeout: float | None = None) -> Any:
-        """Run a coroutine on the connection's loop from any other thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
     def close(self) -> None:
-        try:
-            self.run(self.client.close(), timeout=5)
-        except Exception:  # closing at exit: nothing left to tell
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.loop.stop(self.client.close())
 
     @classmethod
     def close_all(cls) -> None:
@@ -186,7 +178,7 @@ class TritonBackend(ModelBackend):
     def served_models(self, refresh: bool = False) -> dict[str, dict]:
         """Triton model name -> {op, model, state, reason} for every model in the repository."""
         if self._conn.served is None or refresh:
-            self._conn.served = self._conn.run(self._discover(), self.config.timeout_s)
+            self._conn.served = self._conn.loop.run(self._discover(), self.config.timeout_s)
         return self._conn.served
 
     async def _discover(self) -> dict[str, dict]:
@@ -288,15 +280,17 @@ class TritonBackend(ModelBackend):
         if not rows:
             return []
         name = self.triton_model(op)
-        results = self._conn.run(self._rows(name, op, rows))
+        results = self._conn.loop.run_rows(rows, functools.partial(self._row, name, op))
         if not return_exceptions:
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
         return results
 
-    async def _rows(self, name: str, op: str, rows: list) -> list:
-        return list(await asyncio.gather(*(self._row(name, op, r) for r in rows), return_exceptions=True))
+    def cancel(self, requests: list) -> None:
+        """Close the requests of rows nobody waits for (Triton can drop a cancelled request
+        it has not started; one a model instance runs goes to its end)."""
+        self._conn.loop.abandon(requests)
 
     async def _row(self, name: str, op: str, row: Any) -> Any:
         tensors = encode_requests(op, [row])

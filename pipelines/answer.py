@@ -27,7 +27,7 @@ from specrag.jobio.files import exists, join, read_text, write_text
 from specrag.jobio.run_folder import (ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFailed, RunFolder,  # noqa: F401
                                       failure_share, input_contents, reconciliation_line)
 from specrag.pipelines.manifest import job_counters, write_manifest
-from specrag.pipelines.identity import run_fingerprint, run_identity  # noqa: F401 (the job's identity)
+from specrag.pipelines.identity import keep_earlier_prefill, run_fingerprint, run_identity  # noqa: F401
 from specrag.pipelines.options import (AnswerOptions, GrowOptions, OutputOptions, ReplaceOptions, RuntimeOptions,
                                        StreamOptions, job_options, new_pipeline)
 from specrag.pipelines.streaming import check_streaming_input, run_streaming_answer
@@ -233,6 +233,8 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
         raise ValueError(f"{command} runs method {method_name!r}; drop --method {a.method}")
     method = create_method(name, **parse_settings(name, a.set or []))
     runtime = options.view_as(RuntimeOptions).runtime_config(method)
+    if options.view_as(RuntimeOptions).prefix_cache_mb is None and not r.overwrite:
+        runtime = keep_earlier_prefill(runtime, o.output)
     return AnswerJob(a.queries, o.output, method, runtime, batch_size=a.batch_size,
                      num_shards=a.shards, beam_args=beam_args, resume=o.resume,
                      grow_from=options.view_as(GrowOptions).grow_from,

@@ -53,7 +53,7 @@ def cmd_build_index(args, flags) -> int:
     dense_params = {k: {"shards": shards} for k in kinds if k in DENSE_KINDS}
     config = runtime.runtime_config()
     manifest = run_build_index(corpus.corpus, runtime.index, kinds, embedder=embedder, num_threads=runtime.threads,
-                               beam_args=beam_args, dense_params=dense_params, backend=runtime.backend,
+                               beam_args=beam_args, dense_params=dense_params, backend=config.backend_for(embedder),
                                triton=config.triton, embeddings=options.view_as(BuildIndexOptions).embeddings,
                                **_replace(options))
     print(json.dumps(manifest["index"], indent=2))
@@ -221,9 +221,10 @@ def cmd_extract_triplets(args, flags) -> int:
     runtime = options.view_as(RuntimeOptions)
     roles = ("generator",) if x.extractor == "generator" else ()
     model = runtime.models_by_role({}, roles, f"extract-triplets --extractor {x.extractor}").get("generator")
+    remote = runtime.runtime_config()
     config = ExtractorConfig(extractor=x.extractor, backend=runtime.backend, model=model, max_chars=x.max_chars,
                              resolve_title_pronouns=not x.keep_pronouns, max_new_tokens=x.max_new_tokens_triplets,
-                             num_threads=runtime.threads, triton=runtime.runtime_config().triton)
+                             num_threads=runtime.threads, triton=remote.triton, vllm=remote.vllm)
     job = ExtractJob(options.view_as(CorpusOptions).corpus, o.output, config, beam_args=beam_args,
                      batch_size=x.extract_batch, shard_passages=x.shard_passages, resume=o.resume,
                      overwrite=r.overwrite, bad_files=o.bad_files, max_failure_fraction=r.max_failure_fraction)

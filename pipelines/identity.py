@@ -17,5 +17,20 @@ def run_identity(job) -> dict[str, Any]:
             "prompts": hashlib.sha256(inspect.getsource(prompts).encode()).hexdigest()[:16]}
 
 
+def keep_earlier_prefill(runtime, output: str):
+    """The runtime with the prefill of the run already in ``output`` (resumed, or reused by
+    ``specrag compare``) when ``--prefix-cache-mb`` is not given: prefix reuse is on by default
+    since 2026-12-05, and a run made before resumes as it was made, not refused as another run."""
+    from dataclasses import replace
+
+    from specrag.jobio.files import exists, join
+    from specrag.jobio.run_folder import IDENTITY_FILE, read_json
+    from specrag.transforms.runtime import PREFILL_KEY
+    path = join(output, IDENTITY_FILE)
+    if runtime.prefix_cache_mb and exists(path) and PREFILL_KEY not in read_json(path):
+        return replace(runtime, prefix_cache_mb=0)
+    return runtime
+
+
 def run_fingerprint(identity: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]

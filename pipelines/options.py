@@ -107,6 +107,7 @@ class RuntimeOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
+        from specrag.transforms.runtime import DEFAULT_PREFIX_CACHE_MB
         group = parser.add_argument_group("runtime (retrieval, engine)")
         _flag(group, "datastore_kind", default="flat", help="flat (exact) | hnsw")
         _flag(group, "triplets", help="triplet sets of the index's passages (`specrag extract-triplets` writes them; "
@@ -115,8 +116,9 @@ class RuntimeOptions(PipelineOptions):
         _flag(group, "exact_scan", default="int8", choices=("int8", "bf16", "fp32", "faiss"),
               help="candidate pass of exact dense and datastore search on CPU (results are exact in every "
                    "case): int8 (fbgemm; default), bf16 (AMX CPUs), fp32, or faiss (FAISS's own scan)")
-        _flag(group, "prefix_cache_mb", type=int, default=0,
-              help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off); a "
+        _flag(group, "prefix_cache_mb", type=int, default=None,
+              help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off; "
+                   f"default {DEFAULT_PREFIX_CACHE_MB} on the local backend, and a resumed run keeps its own); a "
                    "request that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
         _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
         _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")
@@ -159,7 +161,7 @@ class RuntimeOptions(PipelineOptions):
         with ``method``, only its roles, and a --model of another role is an error."""
         from specrag.inference.engine import EngineConfig
         from specrag.inference.processor import resolve_dtype
-        from specrag.transforms.runtime import ROLE_DEFAULT_MODELS, RuntimeConfig
+        from specrag.transforms.runtime import ROLE_DEFAULT_MODELS, RuntimeConfig, default_prefix_cache_mb
         roles = self.roles_for(method) if method is not None else None
         defaults = dict(RuntimeConfig().models) | {r: m for r, m in ROLE_DEFAULT_MODELS.items() if r in (roles or ())}
         models = self.models_by_role(defaults, roles, f"method {getattr(method, 'name', '')!r}")
@@ -182,7 +184,8 @@ class RuntimeOptions(PipelineOptions):
                                triton=triton, vllm=vllm, datastore_dir=self.datastore,
                                datastore_kind=self.datastore_kind,
                                triplets_dir=self.triplets, exact_scan=self.exact_scan,
-                               prefix_cache_mb=self.prefix_cache_mb)
+                               prefix_cache_mb=default_prefix_cache_mb(self.backend)
+                               if self.prefix_cache_mb is None else self.prefix_cache_mb)
         return config.with_roles(method.model_roles) if method is not None else config
 
 

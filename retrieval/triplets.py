@@ -165,9 +165,10 @@ class GeneratorTripletExtractor:
 
     @classmethod
     def from_config(cls, config, load_backend) -> "GeneratorTripletExtractor":
-        """From an ExtractorConfig; ``load_backend(kind, model, threads, triton=...)`` gives the
-        process's one backend for the generator."""
-        backend = load_backend(config.backend, config.model, config.num_threads, triton=config.triton)
+        """From an ExtractorConfig; ``load_backend(kind, model, threads, triton=..., vllm=...)``
+        gives the process's one backend for the generator."""
+        backend = load_backend(config.backend, config.model, config.num_threads, triton=config.triton,
+                               vllm=config.vllm)
         return cls(backend, config.model, max_new_tokens=config.max_new_tokens, max_passage_chars=config.max_chars)
 
     def __init__(self, backend, model: str, max_new_tokens: int = 160, max_passage_chars: int = 2000):

@@ -21,6 +21,7 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from specrag import registry
 from specrag.inference.capabilities import MissingCapability
 from specrag.inference.triton import TritonConfig
+from specrag.inference.vllm import VllmConfig
 from specrag.transforms.runtime import load_backend
 
 # operations that map one input to one output (the engine serves the rest)
@@ -28,10 +29,10 @@ SINGLE_CALL = ("generate", "score", "embed")
 
 
 class BackendModelHandler(ModelHandler[Any, PredictionResult, Any]):
-    """One operation of one model on one backend (local or Triton), as a ModelHandler."""
+    """One operation of one model on one backend (local, Triton or vLLM), as a ModelHandler."""
 
     def __init__(self, backend: str, model: str, operation: str, *, num_threads: int = 1,
-                 dtype: str = "float32", triton: TritonConfig | None = None,
+                 dtype: str = "float32", triton: TritonConfig | None = None, vllm: VllmConfig | None = None,
                  min_batch_size: int = 1, max_batch_size: int = 64, share_across_processes: bool = False):
         super().__init__()
         if operation not in SINGLE_CALL:
@@ -43,7 +44,7 @@ class BackendModelHandler(ModelHandler[Any, PredictionResult, Any]):
         if not 1 <= min_batch_size <= max_batch_size:
             raise ValueError("need 1 <= min_batch_size <= max_batch_size")
         self.backend, self.model, self.operation = backend, model, operation
-        self.num_threads, self.dtype, self.triton = num_threads, dtype, triton
+        self.num_threads, self.dtype, self.triton, self.vllm = num_threads, dtype, triton, vllm
         self._batching = {"min_batch_size": min_batch_size, "max_batch_size": max_batch_size}
         self._share = share_across_processes
 
@@ -51,7 +52,7 @@ class BackendModelHandler(ModelHandler[Any, PredictionResult, Any]):
         from specrag.transforms.runtime import RuntimeConfig, worker_setup
         worker_setup(RuntimeConfig(backend=self.backend, models=(("model", self.model),),
                                    num_threads=self.num_threads))
-        return load_backend(self.backend, self.model, self.num_threads, self.dtype, self.triton)
+        return load_backend(self.backend, self.model, self.num_threads, self.dtype, self.triton, vllm=self.vllm)
 
     def run_inference(self, batch: Sequence[Any], model: Any,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:

@@ -31,6 +31,18 @@ EXACT_SCANS = ("int8", "bf16", "fp32", "faiss")  # retrieval/exact_batch.py PREC
 # only when its method has the role, so RuntimeConfig() and every other job work without the extra
 ROLE_DEFAULT_MODELS = {"teacher": "qwen2.5-coder-1.5b-instruct"}
 
+# prefix KV reuse per local causal LM and worker when the CLI is not told (--prefix-cache-mb): RaLMSeq
+# on 2Wiki ran 1.65x faster with it (#68); a Triton model or vLLM keeps its own prefix cache
+DEFAULT_PREFIX_CACHE_MB = 256
+# the run identity's entry of a run with prefix reuse (segmented prefill); a run without has none
+PREFILL_KEY = "prefill_segments"
+
+
+def default_prefix_cache_mb(backend: str) -> int:
+    """The CLI's prefix reuse for a run that does not set it: on for the local backend only."""
+    return DEFAULT_PREFIX_CACHE_MB if backend == "local" else 0
+
+
 # roles whose model specrag trains: how to get one
 TRAINED_ROLES = {"utility": "train one with `specrag train-utility`, then --model utility=FOLDER",
                  "denoiser": "train one with `specrag train-denoiser`, then --model denoiser=FOLDER"}
@@ -61,6 +73,7 @@ class RuntimeConfig:
     # or "faiss" for FAISS's own fp32 scan; every choice returns the exact fp32 top-k
     exact_scan: str = "int8"
     # prefix KV reuse of the local causal LMs (inference/prefix_cache.py): MiB per model and worker; 0 = off
+    # (the CLI's default is DEFAULT_PREFIX_CACHE_MB; this API's stays off, so a script's runs keep their identity)
     prefix_cache_mb: int = 0
 
     def validate(self, needs: Mapping[str, tuple[str, ...]] | tuple[str, ...] = (), needs_retriever: bool = False,
@@ -172,7 +185,7 @@ class RuntimeConfig:
                 "datastore_kind": self.datastore_kind if self.datastore_dir else None,
                 "triplets": _folder_fingerprint(self.triplets_dir),
                 # segmented prefill (prefix KV reuse) can differ from one forward in the last bits
-                **({"prefill_segments": f"prompt+{BLOCK_TOKENS}"} if self.prefix_cache_mb else {})}
+                **({PREFILL_KEY: f"prompt+{BLOCK_TOKENS}"} if self.prefix_cache_mb else {})}
 
 
 def _manifest(folder: str, what: str, build: str) -> dict:

@@ -29,6 +29,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from specrag import registry
 from specrag.inference.triton import TritonConfig
+from specrag.inference.vllm import VllmConfig
 from specrag.retrieval.triplets import EXTRACTED, TRIPLETS, Extraction, Passage
 from specrag.jobio.files import write_parquet
 from specrag.transforms.records import DEAD, dead_letter
@@ -49,6 +50,7 @@ class ExtractorConfig:
     max_new_tokens: int = 160
     num_threads: int = 1
     triton: TritonConfig | None = None
+    vllm: VllmConfig | None = None
 
     def validate(self) -> None:
         registry.EXTRACTORS.check(self.extractor)
@@ -75,10 +77,10 @@ class ExtractorConfig:
         return out
 
     def runtime(self):
-        """The generator extractor's model runtime (local or Triton)."""
+        """The generator extractor's model runtime (local, Triton or vLLM)."""
         from specrag.transforms.runtime import RuntimeConfig
         return RuntimeConfig(backend=self.backend, models=(("generator", self.model),) if self.model else (),
-                             triton=self.triton, num_threads=self.num_threads)
+                             triton=self.triton, vllm=self.vllm, num_threads=self.num_threads)
 
 
 def load_extractor(config: ExtractorConfig):

@@ -280,16 +280,17 @@ def model_kind(spec: str, venv: Path | None = None) -> str:
     return out.stdout.strip()
 
 
+def _pairs(config: Path) -> tuple[str, str] | None:
+    """A model config's (specrag_op, specrag_model), or None."""
+    import re
+    values = dict(re.findall(r'key: "(specrag_op|specrag_model)" value: \{ string_value: "([^"]*)" \}',
+                             config.read_text()))
+    return (values["specrag_op"], values["specrag_model"]) if len(values) == 2 else None
+
+
 def served_pairs(repo: Path) -> set[tuple[str, str]]:
     """(specrag_op, specrag_model) of every model config in a repository."""
-    import re
-    pairs = set()
-    for config in Path(repo).glob("*/config.pbtxt"):
-        text = config.read_text()
-        values = dict(re.findall(r'key: "(specrag_op|specrag_model)" value: \{ string_value: "([^"]*)" \}', text))
-        if len(values) == 2:
-            pairs.add((values["specrag_op"], values["specrag_model"]))
-    return pairs
+    return {pair for config in Path(repo).glob("*/config.pbtxt") if (pair := _pairs(config)) is not None}
 
 
 def with_models(model_repo: Path, specs: list[str], out_dir: Path, kinds: dict[str, str] | None = None,
@@ -326,6 +327,28 @@ def with_models(model_repo: Path, specs: list[str], out_dir: Path, kinds: dict[s
     return out_dir
 
 
+def with_vllm_generator(model_repo: Path, spec: str, out_dir: Path, eager: bool = False, kv_cache_gb: int = 1) -> Path:
+    """``model_repo`` with generate() for the weights ``spec`` served by vLLM's engine
+    (deploy/triton/vllm_generator) instead of the local one; every other model as it was. The
+    vLLM server it starts comes from ``.venv-vllm`` (``make install-vllm``)."""
+    spec = str(Path(spec).resolve()) if Path(spec).exists() else spec
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for model in sorted(Path(model_repo).iterdir()):
+        config = model / "config.pbtxt"
+        if model.is_dir() and config.is_file() and _pairs(config) != ("generate", spec) \
+                and not (out_dir / model.name).exists():
+            (out_dir / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    target = out_dir / "generator_vllm"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(TEMPLATES / "vllm_generator", target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = target / "config.pbtxt"
+    text = config.read_text().replace("VLLM_MODEL", spec).replace(
+        'key: "vllm_eager" value: { string_value: "false" }', f'key: "vllm_eager" value: {{ string_value: "{str(eager).lower()}" }}')
+    config.write_text(text.replace('key: "vllm_kv_cache_gb" value: { string_value: "1" }',
+                                   f'key: "vllm_kv_cache_gb" value: {{ string_value: "{kv_cache_gb}" }}'))
+    return out_dir
+
+
 def with_utility_model(model_repo: Path, utility_folder: Path, out_dir: Path) -> Path:
     """``model_repo`` plus AED-RAG's trained utility predictor (see ``with_trained_models``)."""
     return with_trained_models(model_repo, {"utility": utility_folder}, out_dir)
@@ -348,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="append", default=[], metavar="SPEC",
                     help="also serve this model (a registered name, a transformers folder, a GGUF file or a "
                          "cached hub id), one Triton model per operation its kind serves; repeatable")
+    ap.add_argument("--vllm-generator", default=None, metavar="SPEC",
+                    help="serve generate() for this model through vLLM's engine (its own vLLM server from "
+                         ".venv-vllm: `make install-vllm`) instead of the local one")
     ap.add_argument("--verbose", action="store_true")
     args, extra = ap.parse_known_args(argv)
     venv = install(args.venv, quiet=not args.verbose)
@@ -361,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
         args.model_repo = with_models(args.model_repo, args.model, Path(tempfile.mkdtemp(prefix="specrag-model-repo-")),
                                       venv=venv)
+    if args.vllm_generator:
+        import tempfile
+        args.model_repo = with_vllm_generator(args.model_repo, args.vllm_generator,
+                                              Path(tempfile.mkdtemp(prefix="specrag-model-repo-")))
     if args.command == "install":
         print(f"Triton server venv ready: {venv}")
         return 0

