@@ -23,6 +23,7 @@ next. The suite's paths name the folders made here, so ``--work`` must stay ``ru
     python benchmarks/compare_full.py --report-only                    # report the runs made so far
     python benchmarks/compare_full.py --suite benchmarks/suites/verifier.yaml   # the 1.5B verifier regime
     python benchmarks/compare_full.py --suite benchmarks/suites/drafter.yaml    # untuned vs tuned drafter
+    python benchmarks/compare_full.py --suite benchmarks/suites/backends.yaml   # local and vLLM backends
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import aed  # noqa: E402
+import backends  # noqa: E402
 import drafter  # noqa: E402
 import sardi  # noqa: E402
 import verifier_regime  # noqa: E402
@@ -113,7 +115,8 @@ def main() -> None:
     name = load_suite(suite_file).name
     args.report_dir = args.report_dir or f"benchmarks/results/compare-{name}"
     args.runs_dir = args.runs_dir or f"{args.report_dir}/runs"
-    summary = {"full": summarise, "verifier": verifier_regime.summarise, "drafter": drafter.summarise}.get(name)
+    summary = {"full": summarise, "verifier": verifier_regime.summarise, "drafter": drafter.summarise,
+               "backends": backends.summarise}.get(name)
     reuse = [x for r in REUSE_FROM.get(name, ()) for x in ("--reuse-from", r)]
     # what made the runs, whichever slice or report-only call re-records the table
     command = f"python benchmarks/compare_full.py --suite {args.suite}"

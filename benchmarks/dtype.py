@@ -1,4 +1,4 @@
-"""The dtypes a CPU without native bfloat16 can run: float32 against int8 dynamic quantisation.
+"""The local backend's dtypes on this CPU: float32 against int8, bfloat16 and bfloat16-prefill.
 
 Usage (from the repository root, after `make install`; the Qwen models need `make install-verifier`):
 
@@ -8,9 +8,16 @@ Usage (from the repository root, after `make install`; the Qwen models need `mak
 Each model answers the same first N PopQA questions with standard RAG (the same BM25 documents,
 greedy) through specrag's engine once per dtype, in one process; reported per (model, dtype):
 wall time a query, prefill and decode seconds, answers identical to float32's, and the contains
-accuracy. bfloat16 is listed only where asked (on a CPU without AMX/AVX512-BF16 it is emulated).
+accuracy. bfloat16 and bfloat16-prefill are listed only where asked (on a CPU without
+AMX/AVX512-BF16 bfloat16 is emulated); with bfloat16 in the run, the others are compared with it too
+(``same_as_bfloat16``, and ``<dtype>_vs_bfloat16_<model>=…``: bfloat16's wall time over its).
 Writes benchmarks/results/dtype.md, ending ``<dtype>_speedup_<model>=… <dtype>_same_<model>=…``
 for every non-float32 dtype (speed-up: float32's wall time over its; same: share of identical answers).
+The dtype per phase (#68):
+
+    .venv/bin/python benchmarks/dtype.py --models smollm2-135m-instruct \
+        --dtypes float32,bfloat16,bfloat16-prefill --queries 32 --top-k 10 --batch 16 \
+        --results benchmarks/results/phase_dtype.md
 """
 from __future__ import annotations
 
@@ -73,11 +80,14 @@ def main() -> int:
             answers[dtype] = [s.answer for s in states]
             walls[dtype] = wall
             same = sum(a == b for a, b in zip(answers[dtype], answers["float32"]))
+            same_bf16 = (f"{sum(a == b for a, b in zip(answers[dtype], answers['bfloat16']))}/{len(states)}"
+                         if "bfloat16" in answers else "-")
             rows.append({"model": model, "dtype": dtype, "queries": len(states), "s_per_query": wall / len(states),
                          "prefill_s": lm.stats["prefill_s"] - before["prefill_s"],
                          "decode_s": lm.stats["decode_s"] - before["decode_s"],
                          "prompt_tokens": lm.stats["prefill_tokens"] - before["prefill_tokens"],
                          "speedup": walls["float32"] / wall, "same_as_float32": f"{same}/{len(states)}",
+                         "same_as_bfloat16": same_bf16,
                          "contains_acc": 100 * sum(contains(a, q["answers"]) for a, q in zip(answers[dtype], queries))
                          / len(queries)})
             print(f"  {model} {dtype}: {wall:.1f}s", file=sys.stderr, flush=True)
@@ -86,9 +96,11 @@ def main() -> int:
                 short = model.split("-instruct")[0]
                 claims.append(f"{dtype}_speedup_{short}={walls['float32'] / wall:.2f} "
                               f"{dtype}_same_{short}={same / len(states):.2f}")
+                if dtype != "bfloat16" and "bfloat16" in walls:
+                    claims.append(f"{dtype}_vs_bfloat16_{short}={walls['bfloat16'] / wall:.2f}")
     cols = ["model", "dtype", "queries", "s_per_query", "prefill_s", "decode_s", "prompt_tokens", "speedup",
-            "same_as_float32", "contains_acc"]
-    publish(args.results, "float32 and int8 (dynamic quantisation) on this CPU",
+            "same_as_float32", "same_as_bfloat16", "contains_acc"]
+    publish(args.results, f"{', '.join(dtypes)} on this CPU",
             f"{machine_line(args.threads)}; data: first {len(queries)} PopQA questions, standard RAG, BM25 "
             f"top-{args.top_k} over the pooled corpus, greedy, engine batches of {args.batch}.",
             "\n".join(["", *markdown_table(rows, cols)]), " ".join(claims))

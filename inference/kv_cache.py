@@ -62,8 +62,24 @@ def can_stack(cache: DynamicCache) -> bool:
     return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def stack_caches(caches: list[DynamicCache], extra_capacity: int) -> DynamicCache:
-    """Left-pad single-row caches to a common length and stack them into one batch."""
+def cast_cache(cache: DynamicCache, dtype: torch.dtype) -> DynamicCache:
+    """The cache's keys and values in ``dtype``, in place: a prefill's cache decoded in another
+    dtype (``--dtype bfloat16-prefill``: bfloat16 prefill, float32 decode steps)."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer._k, layer._v = layer._k.to(dtype), layer._v.to(dtype)
+            layer._views()
+        elif getattr(layer, "keys", None) is None or layer.keys.dtype == dtype:
+            continue
+        else:
+            layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
+        layer.dtype = dtype
+    return cache
+
+
+def stack_caches(caches: list[DynamicCache], extra_capacity: int, dtype: torch.dtype | None = None) -> DynamicCache:
+    """Left-pad single-row caches to a common length and stack them into one batch (in ``dtype``
+    when given: a cast on the way, not a second pass)."""
     width = max(c.layers[0].keys.shape[-2] for c in caches)
     out = DynamicCache()
     layers = []
@@ -71,6 +87,8 @@ def stack_caches(caches: list[DynamicCache], extra_capacity: int) -> DynamicCach
         ks, vs = [], []
         for c in caches:
             k, v = c.layers[i].keys, c.layers[i].values
+            if dtype is not None:
+                k, v = k.to(dtype), v.to(dtype)
             pad = width - k.shape[-2]
             if pad:
                 k = torch.nn.functional.pad(k, (0, 0, pad, 0))

@@ -39,7 +39,8 @@ class LocalModelConfig:
     model: str
     num_threads: int = 1
     max_prompt_tokens: int = 4096
-    dtype: str = "float32"  # bfloat16 (AMX/AVX512-BF16 CPUs) and int8 are faster, not bit-equal
+    # bfloat16 (AMX/AVX512-BF16 CPUs), bfloat16-prefill and int8 are faster, not bit-equal
+    dtype: str = "float32"
     device: str = "cpu"  # "cuda:N" when a Triton GPU instance serves the model
     # prefix KV reuse (inference/prefix_cache.py): MiB of KV segments kept per model and process;
     # 0 = off (one forward over each prompt). On, a prompt's continuation ids are prefilled in blocks.
@@ -47,11 +48,17 @@ class LocalModelConfig:
     prefix_block_tokens: int = BLOCK_TOKENS
 
     def torch_dtype(self):
-        """The dtype the weights load in (int8 loads float32, then quantises: ``quantise``)."""
+        """The dtype of every forward but a causal LM's decode steps (int8 loads float32, then
+        quantises: ``quantise``; bfloat16-prefill computes in bfloat16)."""
         import torch
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
-        return torch.float32 if self.dtype == "int8" else getattr(torch, self.dtype)
+        return torch.float32 if self.dtype == "int8" else getattr(torch, self.dtype.removesuffix("-prefill"))
+
+    def decode_torch_dtype(self):
+        """The dtype of a causal LM's decode steps: float32 under bfloat16-prefill, else ``torch_dtype``."""
+        import torch
+        return torch.float32 if self.dtype == "bfloat16-prefill" else self.torch_dtype()
 
     def quantise(self, model):
         """int8: the linear layers' weights int8 per output channel, activations quantised per call

@@ -8,12 +8,13 @@ ids, so a batched greedy run matches the unbatched one.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 
 import numpy as np
 
-from specrag.inference.kv_cache import can_stack, stack_caches
+from specrag.inference.kv_cache import can_stack, cast_cache, stack_caches
 from specrag.inference.local_base import (LocalModelConfig, SCORE_LOGITS_BUDGET, prompt_token_ids,
                                           set_torch_threads, left_pad, choose_token, first_stop)
 from specrag.inference.models import materialise, model_spec
@@ -31,7 +32,7 @@ class LocalCausalLM:
             raise ValueError(f"{config.model} is not a causal LM")
         set_torch_threads(config.num_threads)
         path = materialise(config.model)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=config.torch_dtype())
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=config.decode_torch_dtype())
         self._setup(config, AutoTokenizer.from_pretrained(path), config.quantise(model.eval()),
                     chat=spec.chat is not False)
 
@@ -49,7 +50,13 @@ class LocalCausalLM:
         self.config = config
         self.tokenizer = tokenizer
         self.device = torch.device(config.device)
-        self.model = model.to(self.device)
+        # decode steps run in decode_model, every other forward in model: one object but under
+        # --dtype bfloat16-prefill, where model is a bfloat16 copy of the float32 decode_model
+        self.decode_model = model.to(self.device)
+        self.model = self.decode_model
+        if config.torch_dtype() != config.decode_torch_dtype():
+            self.model = copy.deepcopy(self.decode_model).to(config.torch_dtype())
+        self._decode_dtype = config.decode_torch_dtype() if self.model is not self.decode_model else None
         self.instruct = chat and bool(self.tokenizer.chat_template)
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -104,8 +111,9 @@ class LocalCausalLM:
         """KV cache, attention mask, last positions and next-token logits for a batch.
 
         Rows are prefilled one at a time and stacked (see kv_cache); models whose cache
-        cannot be stacked (sliding-window layers) fall back to one left-padded forward.
-        ``head_lens``: where each row's prompt ends and its continuation ids begin (the
+        cannot be stacked (sliding-window layers) fall back to one left-padded forward. The
+        cache comes back in the decode steps' dtype (bfloat16-prefill: prefilled in bfloat16,
+        decoded in float32). ``head_lens``: where each row's prompt ends and its continuation ids begin (the
         prefix cache's segments); None: all prompt.
         """
         import torch
@@ -119,7 +127,7 @@ class LocalCausalLM:
                 logits.append(last_logits)
             ids, mask = left_pad(prompts, self.pad_id, self.device)
             last_pos = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-            return stack_caches(caches, extra_capacity), mask, last_pos, torch.cat(logits)
+            return stack_caches(caches, extra_capacity, self._decode_dtype), mask, last_pos, torch.cat(logits)
         if len(prompts) > 1 and self._stackable is not False:
             caches, logits = [], []
             for ids in prompts:
@@ -135,12 +143,14 @@ class LocalCausalLM:
             if self._stackable:
                 ids, mask = left_pad(prompts, self.pad_id, self.device)
                 last_pos = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-                return stack_caches(caches, extra_capacity), mask, last_pos, torch.cat(logits)
+                return stack_caches(caches, extra_capacity, self._decode_dtype), mask, last_pos, torch.cat(logits)
         ids, mask = left_pad(prompts, self.pad_id, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
-        return res.past_key_values, mask, positions[:, -1], res.logits[:, -1, :]
+        past = res.past_key_values if self._decode_dtype is None else cast_cache(res.past_key_values,
+                                                                                  self._decode_dtype)
+        return past, mask, positions[:, -1], res.logits[:, -1, :]
 
     def _step(self, past, mask, last_pos, keep: list[int], next_tokens: list[int]):
         """One decoding step for the batch rows in ``keep`` (finished rows leave the KV cache
@@ -152,7 +162,7 @@ class LocalCausalLM:
             mask, last_pos = mask[index], last_pos[index]
         mask = torch.cat([mask, mask.new_ones((len(keep), 1))], dim=1)
         last_pos = last_pos + 1
-        res = self.model(input_ids=torch.tensor(next_tokens, device=self.device).unsqueeze(1), attention_mask=mask,
+        res = self.decode_model(input_ids=torch.tensor(next_tokens, device=self.device).unsqueeze(1), attention_mask=mask,
                          position_ids=last_pos.unsqueeze(1), past_key_values=past, use_cache=True)
         return res.past_key_values, mask, last_pos, res.logits[:, -1, :]
 

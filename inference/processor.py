@@ -6,6 +6,12 @@ than float32). So ``--dtype auto`` picks bfloat16 only on those CPUs, and an exp
 bfloat16 without them warns. int8 (dynamic quantisation of the linear layers) is the faster
 choice without them, offered but not picked by auto: its answers are not float32's
 (benchmarks/results/dtype.md measures both).
+
+bfloat16-prefill is a dtype per phase: bfloat16 where the matrix products dominate (a causal
+LM's prefill and scoring, every encoder) and float32 for the causal LM's decode steps, whose
+attention over the KV cache ran faster in float32 on an AVX512-BF16 core at every batch size
+(benchmarks/results/decode_dtype.md). It keeps a second, float32 copy of each causal LM's weights.
+It is the local backend's own (a server runs one dtype), offered and not picked by auto.
 """
 from __future__ import annotations
 
@@ -15,8 +21,11 @@ import platform
 
 log = logging.getLogger(__name__)
 
-MODEL_DTYPES = ("float32", "bfloat16", "int8")  # int8: dynamic quantisation of the linear layers
+# int8: dynamic quantisation of the linear layers; bfloat16-prefill: bfloat16, float32 decode steps
+MODEL_DTYPES = ("float32", "bfloat16", "int8", "bfloat16-prefill")
 DTYPES = ("auto", *MODEL_DTYPES)
+LOCAL_ONLY_DTYPES = ("int8", "bfloat16-prefill")  # what only the local backend's own forwards can do
+BF16_COMPUTE = ("bfloat16", "bfloat16-prefill")
 NATIVE_BF16 = frozenset({"amx_bf16", "avx512_bf16"})
 REPORTED_FLAGS = frozenset({"amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f",
                             "avx_vnni", "avx2"})
@@ -47,8 +56,8 @@ def resolve_dtype(requested: str, backend: str = "local", flags: frozenset[str] 
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {requested!r}")
     if requested == "auto":
         return "bfloat16" if backend in ("local", "vllm") and has_native_bf16(flags) else "float32"
-    if requested == "bfloat16" and backend in ("local", "vllm") and not has_native_bf16(flags):
-        log.warning("--dtype bfloat16 on a CPU without AMX or AVX512-BF16 (%s): PyTorch emulates bfloat16 "
+    if requested in BF16_COMPUTE and backend in ("local", "vllm") and not has_native_bf16(flags):
+        log.warning("--dtype %s on a CPU without AMX or AVX512-BF16 (%s): PyTorch emulates bfloat16 "
                     "matmuls there, several times slower than float32; --dtype auto picks float32",
-                    cpu_model_and_flags()[0])
+                    requested, cpu_model_and_flags()[0])
     return requested

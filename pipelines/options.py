@@ -43,6 +43,7 @@ class ModelOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
+        from specrag.inference.processor import DTYPES
         group = parser.add_argument_group("models")
         _flag(group, "backend", default="local",
               help="local: models in the worker process; triton: a Triton server (--triton-url); vllm: vLLM's "
@@ -58,10 +59,11 @@ class ModelOptions(PipelineOptions):
         _flag(group, "model", action="append", metavar="ROLE=NAME",
               help="model for a role, e.g. generator=smollm2-135m-instruct, embedder=all-minilm-l6-v2")
         _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
-        _flag(group, "dtype", default="auto", choices=("auto", "float32", "bfloat16", "int8"),
+        _flag(group, "dtype", default="auto", choices=DTYPES,
               help="auto: bfloat16 where the CPU has AMX or AVX512-BF16 (native bf16 matmuls), else float32; "
                    "bfloat16 elsewhere is emulated and slow (it warns); int8: dynamic int8 quantisation of the "
-                   "linear layers (CPU); results are not bit-equal across dtypes")
+                   "linear layers (CPU); bfloat16-prefill: bfloat16 prefill and scoring, float32 decode steps "
+                   "(local backend; a second float32 copy of each causal LM); results are not bit-equal across dtypes")
 
     def models_by_role(self, defaults: dict[str, str], roles: tuple[str, ...] | None = None,
                        who: str = "this job") -> dict[str, str]:

@@ -16,7 +16,7 @@ from specrag import registry
 from specrag.inference.capabilities import EMBED, check_capabilities
 from specrag.inference.engine import BackendSettings, EngineConfig, Services
 from specrag.inference.models import KIND_NAMES, model_spec
-from specrag.inference.processor import MODEL_DTYPES
+from specrag.inference.processor import LOCAL_ONLY_DTYPES, MODEL_DTYPES
 from specrag.inference.triton import TritonConfig
 from specrag.inference.vllm import VllmConfig
 from specrag.retrieval.index import DENSE_KINDS
@@ -97,6 +97,9 @@ class RuntimeConfig:
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)} (auto is resolved by the options), "
                              f"got {self.dtype!r}")
+        if self.dtype in LOCAL_ONLY_DTYPES and self.backend != "local":
+            raise ValueError(f"--dtype {self.dtype} is the local backend's (its own forwards); --backend "
+                             f"{self.backend} runs one dtype for every forward")
         registry.RETRIEVERS.check(self.retriever)
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")

@@ -259,3 +259,56 @@ def test_dtype_auto_picks_bfloat16_only_where_the_cpu_multiplies_it_natively(cap
     for flags, dtype in ((frozenset({"avx2"}), "float32"), (frozenset({"amx_bf16"}), "bfloat16")):
         monkeypatch.setattr(processor, "cpu_model_and_flags", lambda flags=flags: ("fake CPU", flags))
         assert PipelineOptions([]).view_as(RuntimeOptions).runtime_config().dtype == dtype  # --dtype auto: default
+
+
+def _greedy_by_hand(prefill_model, decode_model, ids: list[int], steps: int, eos: list[int]) -> list[int]:
+    """Greedy tokens as bfloat16-prefill means them, with transformers' own cache and no engine:
+    the prompt through ``prefill_model``, its keys and values cast, each step through ``decode_model``."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+    cache, out = DynamicCache(), []
+    with torch.inference_mode():
+        logits = prefill_model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1]
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.float(), layer.values.float()
+        for _ in range(steps):
+            token = int(logits.float().argmax())
+            if token in eos:
+                break
+            out.append(token)
+            logits = decode_model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
+    return out
+
+
+def test_bfloat16_prefill_prefills_in_bfloat16_and_decodes_in_float32():
+    """--dtype bfloat16-prefill: the prompt's forward in a bfloat16 copy of the weights, the KV cache
+    cast, every decode step in float32 — batched (stacked caches), alone (one forward) and with
+    prefix reuse, each equal to the same computation done by hand."""
+    import torch
+    from specrag.inference.local_base import LocalModelConfig
+    from specrag.inference.local_causal_lm import LocalCausalLM
+    from specrag.inference.types import GenerateRequest
+    lm = LocalCausalLM(LocalModelConfig("smollm2-135m-instruct", dtype="bfloat16-prefill"))
+    assert (lm.model.dtype, lm.decode_model.dtype) == (torch.bfloat16, torch.float32)
+    requests = [GenerateRequest("Who wrote Hamlet? Answer in one sentence.", max_new_tokens=10, chat=True),
+                GenerateRequest("Name the largest planet of the solar system.", max_new_tokens=10, chat=True)]
+    expected = [_greedy_by_hand(lm.model, lm.decode_model, lm.prompt_ids(r.prompt, True), 10, lm.eos_ids)
+                for r in requests]
+    assert [list(g.token_ids) for g in lm.generate(requests)] == expected  # batched: caches stacked, cast
+    assert list(lm.generate(requests[1:])[0].token_ids) == expected[1]  # alone: one forward's cache, cast
+    reuse = LocalCausalLM(LocalModelConfig("smollm2-135m-instruct", dtype="bfloat16-prefill", prefix_cache_mb=16))
+    assert [list(g.token_ids) for g in reuse.generate(requests)] == expected
+    assert [list(g.token_ids) for g in reuse.generate(requests)] == expected  # the prompts from the cache
+    kept = [k.dtype for layers, _ in reuse.prefix_cache._entries.values() for k, _ in layers]
+    assert kept and set(kept) == {torch.bfloat16}  # the cache keeps the prefill's bfloat16 (half the bytes)
+
+
+def test_the_local_backends_own_dtypes_are_refused_on_a_server_backend():
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from specrag.pipelines.options import RuntimeOptions
+    from specrag.transforms.runtime import RuntimeConfig
+    assert PipelineOptions(["--dtype", "bfloat16-prefill"]).view_as(RuntimeOptions).runtime_config().dtype \
+        == "bfloat16-prefill"
+    for dtype in ("int8", "bfloat16-prefill"):
+        with pytest.raises(ValueError, match=f"--dtype {dtype} is the local backend's.*--backend vllm runs one dtype for"):
+            RuntimeConfig(backend="vllm", dtype=dtype).validate()
