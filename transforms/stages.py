@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Sequence, Tuple
 
 import apache_beam as beam
@@ -48,12 +49,14 @@ class _EngineHolder:
 
     def __init__(self, runtime: RuntimeConfig):
         worker_setup(runtime)
-        before = models_loaded()
+        started, before = time.perf_counter(), models_loaded()
         self.engine = Engine(get_services(runtime), runtime.engine)
         self.models_loaded = models_loaded() - before
+        self.start_s = time.perf_counter() - started  # model loads and server starts: apart from serving
         self.reported = False
         self.lock = threading.Lock()
-        log.info("specrag engine started in pid %d (%d model(s) loaded)", os.getpid(), self.models_loaded)
+        log.info("specrag engine started in pid %d (%d model(s) loaded, %.1f s)", os.getpid(), self.models_loaded,
+                 self.start_s)
 
 
 def _runtime_tag(runtime: RuntimeConfig) -> str:
@@ -81,6 +84,9 @@ class _EngineDoFn(beam.DoFn):
                 holder.reported = True
                 Metrics.counter(NAMESPACE, "engines_started").inc()
                 Metrics.counter(NAMESPACE, "models_loaded").inc(holder.models_loaded)
+                # summed over processes (each starts its own; they start at once): the manifest's
+                # engine_start_ms / engines_started is a worker's wait before its first query
+                Metrics.counter(NAMESPACE, "engine_start_ms").inc(round(1000 * holder.start_s))
 
     def _outputs(self, state, outcome):
         """(tag or None, value) pairs of one finished query."""

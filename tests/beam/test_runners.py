@@ -103,6 +103,7 @@ def test_same_results_on_every_runner_and_one_model_load_per_process(method_name
         # or per DoFn instance (a process that ran no query of this job loads nothing)
         assert 1 <= counters["engines_started"] <= (2 if name == "fnapi-2-processes" else 1), (name, counters)
         assert counters["models_loaded"] <= counters["engines_started"] * n_models, (name, counters)
+        assert counters.get("engine_start_ms", 0) > 0 or not counters["models_loaded"], (name, counters)
 
 
 @pytest.fixture(scope="module")
