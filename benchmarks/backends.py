@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import REPO, machine_line, markdown_table, publish  # noqa: E402
+from workloads import REPO, machine_line, markdown_table, publish, shown  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "backends.md"
 PAIRS = {"standard": ("standard RAG (vLLM)", "standard RAG"),
@@ -59,7 +59,7 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
             "mean_latency_s", "same_as_local"]
     publish(str(RESULTS), "The local and vLLM backends on the full suite's rows (backends.yaml)",
             f"{machine_line(1)} (this summary; every run of the suite on this machine, one sitting). "
-            f"{dataset}; full report: `{Path(report_dir).resolve().relative_to(REPO)}/compare.md`.\n",
+            f"{dataset}; full report: `{shown(report_dir)}/compare.md`.\n",
             "\n".join(["", *markdown_table(table, cols)]), " ".join(claims), command)
 
 

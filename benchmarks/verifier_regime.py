@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import REPO, machine_line, markdown_table, publish  # noqa: E402
+from workloads import REPO, machine_line, markdown_table, publish, shown  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "verifier_regime.md"
 SPEC, LARGE, SMALL = "Speculative RAG (Qwen-1.5B verifier)", "standard RAG (Qwen-1.5B)", "standard RAG (SmolLM2-135M)"
@@ -93,16 +93,10 @@ def summarise(report_json: Path, report_dir: str, command: str | None = None) ->
             machines.setdefault(key, []).append(f"{d} × {label}")
     made_on = "; ".join(f"{k}: {', '.join(v)}" for k, v in machines.items())
     publish(str(RESULTS), "The verifier regime: Speculative RAG, SPS and AED-RAG with a 1.5B model (verifier.yaml)",
-            f"{machine_line(1)} (this summary). Full report: `{_shown(report_dir)}/compare.md`.\n\n"
+            f"{machine_line(1)} (this summary). Full report: `{shown(report_dir)}/compare.md`.\n\n"
             f"Runs made on: {made_on}. A latency ratio between runs of two machines is marked and left out "
             "of the claim line.\n",
             "\n".join(body), " ".join(f"{k}={v}" for k, v in claims.items()), command)
-
-
-def _shown(folder: str) -> str:
-    """A folder inside the repository as a path from its root (the results file is committed)."""
-    path = Path(folder).resolve()
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else folder
 
 
 def main() -> None:

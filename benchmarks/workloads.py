@@ -284,6 +284,12 @@ def machine_line(threads: int) -> str:
             f"{os.cpu_count()} cores, torch {torch.__version__}, {threads} torch thread(s)")
 
 
+def shown(folder: str) -> str:
+    """A folder inside the repository as a path from its root (the results file is committed)."""
+    path = Path(folder).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else folder
+
+
 def recorded() -> str:
     return f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
 

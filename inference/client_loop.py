@@ -29,7 +29,9 @@ class ClientLoop:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.thread.start()
-        self._inflight: dict[int, asyncio.Task] = {}  # id(row) -> its task, on the loop thread only
+        # id(row) -> the tasks of that row object in calls under way, on the loop thread only (one
+        # object can be two queries' rows: the same text to embed)
+        self._inflight: dict[int, list[asyncio.Task]] = {}
 
     def run(self, coro: Awaitable, timeout: float | None = None) -> Any:
         """Run ``coro`` on the loop from another thread and wait for its result. Past ``timeout``
@@ -42,33 +44,43 @@ class ClientLoop:
                 future.cancel()  # cancels the task on the loop: its HTTP/gRPC requests are closed
             raise
 
-    def run_rows(self, rows: Sequence[Any], call: Callable[[Any], Awaitable]) -> list:
+    def run_rows(self, rows: Sequence[Any], call: Callable[[Any], Awaitable], return_exceptions: bool = True) -> list:
         """``call(row)`` for every row at once, each its own task; the results in order, a failed
-        row's exception in its place. A row passed to ``abandon`` while its task runs is cancelled
-        (its request closed) and gets ``RowAbandoned``."""
+        row's exception in its place (``return_exceptions``) or raised (the first, when not). A row
+        passed to ``abandon`` while its task runs is cancelled (its request closed) and gets
+        ``RowAbandoned``."""
         async def gather() -> list:
             tasks = [asyncio.ensure_future(call(row)) for row in rows]
             for row, task in zip(rows, tasks):
-                self._inflight[id(row)] = task
+                self._inflight.setdefault(id(row), []).append(task)
             try:
                 results = await asyncio.gather(*tasks, return_exceptions=True)
             finally:
-                for row in rows:
-                    self._inflight.pop(id(row), None)
+                for row, task in zip(rows, tasks):
+                    held = self._inflight.get(id(row), [])
+                    held.remove(task)
+                    if not held:
+                        self._inflight.pop(id(row), None)
             return [RowAbandoned("abandoned: its query was cancelled or timed out")
                     if isinstance(r, asyncio.CancelledError) else r for r in results]
-        return self.run(gather())
+        results = self.run(gather()) if rows else []
+        if not return_exceptions:
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        return results
 
     def abandon(self, rows: Sequence[Any]) -> None:
         """Cancel the tasks of rows in a ``run_rows`` call under way (from any thread, at once).
-        Best effort: a row whose call has not reached the loop yet, or has ended, is left."""
+        Best effort: a row whose call has not reached the loop yet, or has ended, is left, and so
+        is a row object that more than one task holds (which of them nobody waits for is unknown)."""
         keys = [id(row) for row in rows]
 
         def cancel() -> None:
             for key in keys:
-                task = self._inflight.get(key)
-                if task is not None:
-                    task.cancel()
+                held = self._inflight.get(key, [])
+                if len(held) == 1:
+                    held[0].cancel()
         self.loop.call_soon_threadsafe(cancel)
 
     def stop(self, closing: Awaitable | None = None) -> None:

@@ -280,12 +280,7 @@ class TritonBackend(ModelBackend):
         if not rows:
             return []
         name = self.triton_model(op)
-        results = self._conn.loop.run_rows(rows, functools.partial(self._row, name, op))
-        if not return_exceptions:
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-        return results
+        return self._conn.loop.run_rows(rows, functools.partial(self._row, name, op), return_exceptions)
 
     def cancel(self, requests: list) -> None:
         """Close the requests of rows nobody waits for (Triton can drop a cancelled request

@@ -206,14 +206,7 @@ class VllmBackend(ModelBackend):
         self._client.loop.abandon(requests)
 
     def _call(self, rows: list, call, return_exceptions: bool) -> list:
-        if not rows:
-            return []
-        results = self._client.loop.run_rows(rows, call)
-        if not return_exceptions:
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-        return results
+        return self._client.loop.run_rows(rows, call, return_exceptions)
 
     async def _generate(self, r: GenerateRequest) -> Generation:
         prompt = self.prompt_ids(r.prompt, r.chat) + list(r.continuation_ids)

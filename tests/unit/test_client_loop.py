@@ -35,3 +35,35 @@ def test_an_abandoned_row_is_cancelled_alone_and_the_others_finish():
     loop.abandon(rows)  # rows of a call that has ended: nothing to do
     assert loop.run(asyncio.sleep(0, result=7), timeout=1) == 7
     loop.stop()
+
+
+def test_a_row_object_two_calls_hold_is_never_abandoned_and_a_failure_can_raise():
+    """The same object can be two queries' rows (one text to embed): abandoning it for one query
+    must not cancel the other's, so an ambiguous row runs to its end."""
+    loop = ClientLoop("test-client-shared")
+
+    async def call(row):
+        await asyncio.sleep(0.3)
+        return row.upper()
+
+    shared = "the same text"
+    out = []
+    workers = [threading.Thread(target=lambda: out.append(loop.run_rows([shared], call))) for _ in range(2)]
+    for w in workers:
+        w.start()
+    time.sleep(0.1)
+    loop.abandon([shared])
+    for w in workers:
+        w.join(5)
+    assert out == [["THE SAME TEXT"], ["THE SAME TEXT"]]
+
+    async def fails(row):
+        raise ValueError(f"bad {row}")
+    assert isinstance(loop.run_rows(["a"], fails)[0], ValueError)
+    try:
+        loop.run_rows(["a"], fails, return_exceptions=False)
+        raise AssertionError("no error raised")
+    except ValueError as e:
+        assert str(e) == "bad a"
+    assert loop.run_rows([], fails) == []
+    loop.stop()
