@@ -35,8 +35,9 @@ class LocalBackend(ModelBackend):
                                     prefix_cache_mb=settings.prefix_cache_mb))
 
     @classmethod
-    def serves(cls, model: str) -> frozenset[str]:
-        """The operations this backend serves for a model (known before any weight loads)."""
+    def serves(cls, model: str, settings: BackendSettings | None = None) -> frozenset[str]:
+        """The operations this backend serves for a model (known before any weight loads; the
+        settings matter to a backend whose options add operations, as ``--vllm-embed`` does)."""
         return cls.SERVES[model_spec(model).kind]
 
     def __init__(self, config: LocalModelConfig):

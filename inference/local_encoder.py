@@ -27,6 +27,11 @@ def encoder_pooling(path: Path) -> str:
     return known[asked[0]]
 
 
+# tokens of a text an embedder reads (all-MiniLM-L6-v2 was trained on 256; longer is truncated);
+# the vllm backend's embedder truncates the same ids
+EMBED_MAX_TOKENS = 256
+
+
 class LocalEncoder:
     """embed(): L2-normalised sentence embeddings, pooled as the model was trained (mean for
     all-MiniLM-L6-v2, or what a sentence-transformers folder's pooling config says)."""
@@ -40,7 +45,7 @@ class LocalEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = torch.device(config.device)
         self.model = config.quantise(AutoModel.from_pretrained(path, dtype=config.torch_dtype()).eval()).to(self.device)
-        self.max_length = 256
+        self.max_length = EMBED_MAX_TOKENS
         self._lock = threading.Lock()
         self.dim = int(self.model.config.hidden_size)
         self.pooling = encoder_pooling(Path(path))

@@ -162,7 +162,7 @@ class TritonBackend(ModelBackend):
         return cls(model, settings.triton)
 
     @classmethod
-    def serves(cls, model: str) -> frozenset[str]:
+    def serves(cls, model: str, settings: BackendSettings | None = None) -> frozenset[str]:
         from specrag.inference.models import model_spec
         return cls.SERVES.get(model_spec(model).kind, frozenset())
 

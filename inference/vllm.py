@@ -14,6 +14,13 @@ continuation's log-probabilities from vLLM's prompt log-probabilities. What vLLM
 next-token distribution (KNN-LM), contrastive scoring (it needs two full distributions) — is not
 declared, so a method that needs it is refused at start.
 
+Encoders (a dense retriever's embedder) run on the local backend unless ``VllmConfig(embed=True)``
+(``--vllm-embed``): then vLLM's pooling runner serves ``embed`` too, from a server of the
+encoder's own. Off by default because on a CPU a 22M-parameter embedder is cheaper in the
+worker than a 2.5 GB server beside it; on a GPU, with a large embedder, it is the other way.
+The ids are the local encoder's (its tokenizer, truncated to the same length); the vectors
+equal the local backend's to float32 rounding (``tests/models/test_vllm.py``).
+
 The server is vLLM's OpenAI-compatible one: started per worker process and model from
 ``.venv-vllm`` (``vllm_server.py``), or a running one given by ``--vllm-url`` (a GPU deployment).
 
@@ -32,7 +39,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from specrag.inference.capabilities import GENERATE, SCORE
+import numpy as np
+
+from specrag.inference.capabilities import EMBED, GENERATE, SCORE
 from specrag.inference.client_loop import ClientLoop
 from specrag.inference.engine import BackendSettings, ModelBackend
 from specrag.inference.types import GenerateRequest, Generation, ScoreRequest, Scored
@@ -62,10 +71,14 @@ class VllmConfig:
     max_num_seqs: int = 64  # a started server's sequences per engine step
     eager: bool = False  # a started server skips torch.compile (starts in seconds, runs slower)
     max_inflight_batches: int = 64  # engine batches of one model in flight at once
+    embed: bool = False  # encoders' embed on vLLM's pooling runner too (else they run locally)
 
     def __post_init__(self):
         if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.max_inflight_batches < 1:
             raise ValueError("vllm: timeout_s > 0, retries >= 0, backoff_s >= 0, max_inflight_batches >= 1")
+        if self.embed and self.url:
+            raise ValueError("--vllm-embed starts an embedding server per worker beside the generator's; a "
+                             "--vllm-url server serves one model: leave one of them out")
 
 
 class _Client:
@@ -131,15 +144,19 @@ class _Gate:
 
 
 class VllmBackend(ModelBackend):
-    """ModelBackend for one causal LM served by vLLM."""
+    """ModelBackend for one causal LM served by vLLM (or, with ``embed``, one encoder)."""
 
     supports_row_errors = True
-    fallback = "local"  # a vllm run's other models (encoders, cross-encoders, denoisers) run there
+    fallback = "local"  # a vllm run's other models (cross-encoders, denoisers, encoders by default) run there
 
     @classmethod
-    def serves(cls, model: str) -> frozenset[str]:
+    def serves(cls, model: str, settings: BackendSettings | None = None) -> frozenset[str]:
         from specrag.inference.models import model_spec
-        return frozenset({GENERATE, SCORE}) if model_spec(model).kind == "causal-lm" else frozenset()
+        kind = model_spec(model).kind
+        if kind == "causal-lm":
+            return frozenset({GENERATE, SCORE})
+        vllm = settings.vllm if settings is not None else None
+        return frozenset({EMBED}) if kind == "encoder" and vllm is not None and vllm.embed else frozenset()
 
     @classmethod
     def open(cls, model: str, settings: BackendSettings) -> "VllmBackend":
@@ -150,10 +167,12 @@ class VllmBackend(ModelBackend):
 
         from specrag.inference.models import materialise, model_spec
         spec = model_spec(model)
-        if spec.kind != "causal-lm":
-            raise ValueError(f"the vllm backend serves causal LMs; {model} is a {spec.kind} model")
+        self.capabilities = self.serves(model, BackendSettings(threads, dtype, vllm=config))
+        if not self.capabilities:
+            raise ValueError(f"the vllm backend serves causal LMs (and encoders with --vllm-embed); {model} is "
+                             f"a {spec.kind} model")
         self.name, self.config = model, config
-        self.capabilities = self.serves(model)
+        self.embeds = EMBED in self.capabilities
         self.max_inflight_batches = config.max_inflight_batches
         folder = materialise(model)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -170,10 +189,12 @@ class VllmBackend(ModelBackend):
         if config.url:
             self.url = config.url.rstrip("/")
         else:
+            from specrag.inference.local_encoder import EMBED_MAX_TOKENS
             from specrag.inference.vllm_server import VllmServer, VllmServerConfig
-            self.server = VllmServer(VllmServerConfig(model, str(folder), dtype=dtype, threads=threads,
-                                                      kv_cache_gb=config.kv_cache_gb,
-                                                      max_num_seqs=config.max_num_seqs, eager=config.eager)).start()
+            self.server = VllmServer(VllmServerConfig(
+                model, str(folder), dtype=dtype, threads=threads, kv_cache_gb=config.kv_cache_gb,
+                max_num_seqs=config.max_num_seqs, eager=config.eager, embed=self.embeds,
+                max_model_len=EMBED_MAX_TOKENS if self.embeds else VllmServerConfig.max_model_len)).start()
             atexit.register(self.server.stop)
             self.url = self.server.url
         self._client = _Client.get()
@@ -200,6 +221,14 @@ class VllmBackend(ModelBackend):
 
     def score(self, requests: list[ScoreRequest], return_exceptions: bool = False) -> list[Scored]:
         return self._call(requests, self._score, return_exceptions)
+
+    def embed(self, texts: list[str], return_exceptions: bool = False):
+        """L2-normalised embeddings, one row per text (vLLM pools as the model's sentence-transformers
+        config says, as the local encoder does)."""
+        rows = self._call(list(texts), self._embed, return_exceptions)
+        if return_exceptions:
+            return rows
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
     def cancel(self, requests: list) -> None:
         """Close the requests of rows nobody waits for (vLLM aborts a request whose client left)."""
@@ -241,13 +270,20 @@ class VllmBackend(ModelBackend):
         return Scored(lps, len(prompt), self.tokenizer.convert_ids_to_tokens(cont),
                       [len(p) for p in pieces] if r.segments else [])
 
-    async def _post(self, body: dict) -> dict:
+    async def _embed(self, text: str) -> np.ndarray:
+        from specrag.inference.local_encoder import EMBED_MAX_TOKENS
+        ids = self.tokenizer(text, truncation=True, max_length=EMBED_MAX_TOKENS)["input_ids"]
+        async with self._gate.enter(alone=False):
+            data = await self._post({"input": [ids], "encoding_format": "float"}, "/v1/embeddings")
+        return np.asarray(data["data"][0]["embedding"], dtype=np.float32)
+
+    async def _post(self, body: dict, path: str = "/v1/completions") -> dict:
         import aiohttp
         cfg = self.config
         body = {"model": self.name, **body}
         for attempt in range(cfg.retries + 1):
             try:
-                async with self._client.session.post(f"{self.url}/v1/completions", json=body,
+                async with self._client.session.post(f"{self.url}{path}", json=body,
                                                    timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as resp:
                     if resp.status in (429, 503) and attempt < cfg.retries:
                         raise ConnectionError(f"HTTP {resp.status}")

@@ -61,6 +61,7 @@ class VllmServerConfig:
     prefix_caching: bool = True
     eager: bool = False  # no torch.compile: starts in seconds, runs slower (tests)
     seed: int = 0
+    embed: bool = False  # vLLM's pooling runner for an encoder (embeddings), not its generate runner
 
 
 def _free_port() -> int:
@@ -90,8 +91,13 @@ class VllmServer:
         cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", c.folder,
                "--served-model-name", c.name, "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", c.dtype, "--max-model-len", str(c.max_model_len), "--max-num-seqs", str(c.max_num_seqs),
-               "--seed", str(c.seed), "--generation-config", "vllm", "--max-logprobs", "1",
-               "--enable-prefix-caching" if c.prefix_caching else "--no-enable-prefix-caching"]
+               "--seed", str(c.seed), "--generation-config", "vllm", "--max-logprobs", "1"]
+        if c.embed:
+            # vLLM 0.32 will not start an encoder-only model with prefix caching ("HybridKVCacheCoordinator
+            # requires at least one cacheable group"); an embedding reads each text once anyway
+            cmd += ["--runner", "pooling", "--convert", "embed", "--no-enable-prefix-caching"]
+        else:
+            cmd.append("--enable-prefix-caching" if c.prefix_caching else "--no-enable-prefix-caching")
         if c.eager:
             cmd.append("--enforce-eager")
         return cmd

@@ -56,6 +56,9 @@ class ModelOptions(PipelineOptions):
                                       "starts one per worker process and model from .venv-vllm)")
         _flag(group, "vllm_kv_cache_gb", type=int, default=1,
               help="the paged KV cache of each vLLM server the backend starts, GiB")
+        _flag(group, "vllm_embed", action="store_true",
+              help="with --backend vllm, embed with vLLM's pooling runner too (a server of the embedder's own; "
+                   "default: the embedder runs in the worker)")
         _flag(group, "model", action="append", metavar="ROLE=NAME",
               help="model for a role, e.g. generator=smollm2-135m-instruct, embedder=all-minilm-l6-v2")
         _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
@@ -145,6 +148,7 @@ class RuntimeOptions(PipelineOptions):
     triton_retries = property(lambda self: self.view_as(ModelOptions).triton_retries)
     vllm_url = property(lambda self: self.view_as(ModelOptions).vllm_url)
     vllm_kv_cache_gb = property(lambda self: self.view_as(ModelOptions).vllm_kv_cache_gb)
+    vllm_embed = property(lambda self: self.view_as(ModelOptions).vllm_embed)
     model = property(lambda self: self.view_as(ModelOptions).model)
     threads = property(lambda self: self.view_as(ModelOptions).threads)
     dtype = property(lambda self: self.view_as(ModelOptions).dtype)
@@ -175,7 +179,9 @@ class RuntimeOptions(PipelineOptions):
         vllm = None
         if self.backend == "vllm" or self.vllm_url:
             from specrag.inference.vllm import VllmConfig
-            vllm = VllmConfig(url=self.vllm_url, kv_cache_gb=self.vllm_kv_cache_gb)
+            vllm = VllmConfig(url=self.vllm_url, kv_cache_gb=self.vllm_kv_cache_gb, embed=self.vllm_embed)
+        elif self.vllm_embed:
+            raise ValueError("--vllm-embed is an option of --backend vllm")
         config = RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
                                retriever=self.retriever, num_threads=self.threads,
                                dtype=resolve_dtype(self.dtype, self.backend),

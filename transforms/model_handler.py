@@ -20,6 +20,7 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from specrag import registry
 from specrag.inference.capabilities import MissingCapability
+from specrag.inference.engine import BackendSettings
 from specrag.inference.triton import TritonConfig
 from specrag.inference.vllm import VllmConfig
 from specrag.transforms.runtime import load_backend
@@ -37,7 +38,7 @@ class BackendModelHandler(ModelHandler[Any, PredictionResult, Any]):
         super().__init__()
         if operation not in SINGLE_CALL:
             raise ValueError(f"operation must be one of {SINGLE_CALL}, got {operation!r}")
-        served = registry.BACKENDS[backend].serves(model)
+        served = registry.BACKENDS[backend].serves(model, BackendSettings(num_threads, dtype, triton, vllm=vllm))
         if operation not in served:
             raise MissingCapability(f"{model} on the {backend} backend does not serve {operation} "
                                     f"(it serves {', '.join(sorted(served))})")

@@ -112,14 +112,16 @@ class RuntimeConfig:
             needs.setdefault("embedder", ())
             needs["embedder"] = tuple(dict.fromkeys(needs["embedder"] + (EMBED,)))
             models.setdefault("embedder", "all-minilm-l6-v2")
+        settings = self.settings()
+
         def elsewhere(role: str, op: str) -> list[str]:
             return [name for name in registry.BACKENDS if name != self.backend_for(models[role])
-                    and op in registry.BACKENDS[name].serves(models[role])]
+                    and op in registry.BACKENDS[name].serves(models[role], settings)]
         offered = {}
         for role in needs:
             name = self.backend_for(models[role])
             offered[role] = (name, f"{models[role]}, {KIND_NAMES[model_spec(models[role]).kind]},",
-                             registry.BACKENDS[name].serves(models[role]))
+                             registry.BACKENDS[name].serves(models[role], settings))
         check_capabilities(method, needs, offered, elsewhere)
         if self.backend == "triton":
             self._check_triton({role: (models[role], ops) for role, ops in needs.items()})
@@ -149,7 +151,11 @@ class RuntimeConfig:
         cross-encoders and denoisers run on the local backend)."""
         backend = registry.BACKENDS[self.backend]
         fallback = getattr(backend, "fallback", None)
-        return fallback if fallback and not backend.serves(model) else self.backend
+        return fallback if fallback and not backend.serves(model, self.settings()) else self.backend
+
+    def settings(self) -> BackendSettings:
+        """What this run's backends are opened with."""
+        return BackendSettings(self.num_threads, self.dtype, self.triton, self.prefix_cache_mb, self.vllm)
 
     def scan_precision(self) -> str | None:
         return None if self.exact_scan == "faiss" else self.exact_scan
@@ -188,7 +194,9 @@ class RuntimeConfig:
                 "datastore_kind": self.datastore_kind if self.datastore_dir else None,
                 "triplets": _folder_fingerprint(self.triplets_dir),
                 # segmented prefill (prefix KV reuse) can differ from one forward in the last bits
-                **({PREFILL_KEY: f"prompt+{BLOCK_TOKENS}"} if self.prefix_cache_mb else {})}
+                **({PREFILL_KEY: f"prompt+{BLOCK_TOKENS}"} if self.prefix_cache_mb else {}),
+                # vLLM's pooling kernels: the same vectors to float32 rounding, not bit for bit
+                **({"embed_backend": "vllm"} if self.vllm is not None and self.vllm.embed else {})}
 
 
 def _manifest(folder: str, what: str, build: str) -> dict:
@@ -334,7 +342,8 @@ def get_services(config: RuntimeConfig) -> Services:
             if config.retriever in DENSE_KINDS:
                 default = "all-minilm-l6-v2"
                 embedder = models.get("embedder") or load_backend(config.backend_for(default), default,
-                                                                  config.num_threads, triton=config.triton)
+                                                                  config.num_threads, triton=config.triton,
+                                                                  vllm=config.vllm)
                 embed = embedder.embed
             retriever = open_retriever(_local_copy(config.index_dir), config.retriever, embed,
                                        scan_precision=config.scan_precision())

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -127,6 +128,44 @@ def test_ralmspec_on_vllm_equals_ralmseq(vllm_backend, demo_tables, demo_index, 
         rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
         outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
     assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
+
+
+def test_the_embedder_on_vllms_pooling_runner_retrieves_as_the_local_one(demo_tables, demo_index, tmp_path):
+    """--vllm-embed: the dense retriever's embedder (MiniLM) on vLLM's pooling runner, a server of
+    its own: its vectors equal the local encoder's to float32 rounding (a text past the encoder's
+    256 tokens truncated as there), and a dense standard-RAG Beam job retrieves the same passages
+    as on the local backend, its identity saying where it embedded. Without the option the
+    embedder stays in the worker; with a --vllm-url it is refused."""
+    embedder = "all-minilm-l6-v2"
+    embed = VllmConfig(eager=True, kv_cache_gb=1, embed=True)
+    assert RuntimeConfig(backend="vllm", vllm=CONFIG).backend_for(embedder) == "local"
+    assert RuntimeConfig(backend="vllm", vllm=embed).backend_for(embedder) == "vllm"
+    with pytest.raises(ValueError, match="--vllm-embed starts an embedding server"):
+        VllmConfig(url="http://127.0.0.1:8000", embed=True)
+    try:
+        texts = ["Paris is the capital of France.", "The Eiffel Tower " * 200, "x"]
+        served = load_backend("vllm", embedder, 1, "float32", vllm=embed)
+        assert served.capabilities == {"embed"}
+        vectors, local = served.embed(texts), load_backend("local", embedder, 1, "float32").embed(texts)
+        assert vectors.shape == local.shape and np.abs(vectors - local).max() < 1e-5
+
+        method = create_method("standard", top_k=3, max_new_tokens=8)
+        retrieved = {}
+        for backend, extra in (("vllm", {"vllm": embed}), ("local", {})):
+            runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), retriever="dense",
+                                    **extra).with_roles(method.model_roles)
+            out = tmp_path / backend
+            run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=6))
+            rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+            retrieved[backend] = {r["id"]: [step["doc_ids"] for step in r["retrieved"]] for r in rows}
+        assert len(retrieved["local"]) == 6 and retrieved["vllm"] == retrieved["local"]
+        assert json.loads((tmp_path / "vllm" / "identity.json").read_text())["embed_backend"] == "vllm"
+    finally:  # this test's servers (MiniLM's, and a generator's under its config) are not the module's
+        from specrag.transforms import runtime as cache
+        for key in [k for k in cache._BACKENDS if k[-1] == embed]:
+            cache._BACKENDS.pop(key).server.stop()
+        for config in [c for c in cache._SERVICES if c.vllm == embed]:
+            cache._SERVICES.pop(config)
 
 
 def test_a_request_past_its_timeout_fails_alone_with_vllm_timeout(vllm_backend):
