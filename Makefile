@@ -20,7 +20,7 @@ export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs install install-verifier install-triton install-vllm install-gpu install-chromium install-prism install-flink flink-start flink-stop demo test test-fast test-full compare-smoke triton-serve clean
+.PHONY: docs install install-verifier install-triton install-vllm install-openvino install-gpu install-chromium install-prism install-flink flink-start flink-stop demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -58,6 +58,13 @@ install-triton: install
 # per worker process and model), or --vllm-url http://host:port of a running one.
 install-vllm: install
 	WHEELS=$(WHEELS) $(PY) deploy/vllm/install.py
+
+# OpenVINO GenAI and its exporter (optimum-intel) in their own venv, .venv-openvino: a peer that
+# benchmarks/peers.py measures (--systems ...,openvino_genai,openvino_genai_int8), not a backend.
+# optimum-intel pins transformers<5.6. From deploy/openvino/requirements.lock (hashes checked),
+# torch from $(WHEELS). make test does without it.
+install-openvino: install
+	WHEELS=$(WHEELS) $(PY) deploy/openvino/install.py
 
 # A Triton server on 127.0.0.1:8000 (HTTP) / 8001 (gRPC) / 8002 (metrics) serving model_repo/;
 # then: specrag answer --backend triton --triton-url grpc://127.0.0.1:8001 ...
@@ -139,4 +146,4 @@ test-full: install install-triton install-verifier
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests -m full
 
 clean:
-	rm -rf $(VENV) .venv-triton .venv-vllm .tmp runs .engines
+	rm -rf $(VENV) .venv-triton .venv-vllm .venv-openvino .tmp runs .engines

@@ -19,6 +19,11 @@ string, token limit and end-of-sequence ids, the same weights, dtype and torch t
   server for the model, compiled, prefix caching on; every query in flight at once).
 - ``bare_vllm``: vLLM's offline ``LLM.generate`` over all prompts at once (benchmarks/vllm_bare.py,
   in .venv-vllm), the same engine settings.
+- ``openvino_genai`` / ``openvino_genai_int8``: OpenVINO GenAI's continuous-batching pipeline over
+  all prompts at once (benchmarks/openvino_bare.py, in .venv-openvino: ``make install-openvino``),
+  the model exported with its weights as they are / compressed to int8 (OpenVINO's weight-only
+  int8, what its CPU guide recommends for LLMs), computing in the run's dtype. The int8 row is
+  shown for reference: ``vs_best_peer`` compares with the best peer running the same weights.
 - ``specrag_job`` / ``specrag_job_vllm``: the whole Beam job (``specrag answer``'s ``run_answer``,
   the FnApiRunner: reading the queries' Parquet, the method's stages, writing results, dead letters
   and the manifest) on the local backend / on vLLM; the worker's model is loaded (``load_backend``)
@@ -49,7 +54,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-PEERS = ("hf_generate_loop", "hf_padded_batches", "beam_runinference_hf", "bare_vllm")
+PEERS = ("hf_generate_loop", "hf_padded_batches", "beam_runinference_hf", "bare_vllm", "openvino_genai",
+         "openvino_genai_int8")
+OPENVINO = {"openvino_genai": "fp32", "openvino_genai_int8": "int8"}  # system -> exported weight format
+OTHER_WEIGHTS = ("openvino_genai_int8",)  # int8 weights: shown, but not the peer the claim compares with
 OURS = ("specrag", "specrag_vllm")
 JOBS = ("specrag_job", "specrag_job_vllm")  # the whole Beam job around the engine
 
@@ -151,6 +159,35 @@ def run_beam(model, tokenizer, prompts: list[list[int]], task: dict, batch: int,
     return [got[i] for i in range(len(prompts))]
 
 
+def openvino_python() -> Path:
+    """The OpenVINO venv's interpreter (``make install-openvino``), or one line saying how to get it."""
+    python = Path(os.environ.get("SPECRAG_OPENVINO_VENV", REPO / ".venv-openvino")) / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"openvino_genai needs OpenVINO's virtualenv and {python} does not exist: run "
+                         "`make install-openvino` (or set SPECRAG_OPENVINO_VENV), or leave it out of --systems")
+    return python
+
+
+class PeerFailed(RuntimeError):
+    """A peer's own engine failed on this machine: its row is left out and the reason printed under the table."""
+
+
+def run_bare(python: Path, script: str, job: dict, env: dict | None = None) -> dict:
+    """One peer run bare in its own venv: the job as JSON on stdin, its result as the JSON after
+    the script's RESULT marker on stdout (the engines log to stdout as well)."""
+    import signal
+    import subprocess
+    path = REPO / "benchmarks" / script
+    done = subprocess.run([str(python), str(path)], input=json.dumps(job), capture_output=True, text=True, env=env)
+    if done.returncode:
+        how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        raise PeerFailed(f"{script} failed, {how}\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
+    marker = next(line for line in path.read_text().splitlines() if line.startswith("RESULT = "))
+    marker = marker.split("=", 1)[1].strip().strip('"')
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith(marker))[len(marker):])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--queries", type=int, default=32)
@@ -165,6 +202,8 @@ def main() -> int:
     systems = args.systems.split(",")
     if "specrag" not in systems or not set(systems) & set(PEERS) or set(systems) - {*OURS, *JOBS, *PEERS}:
         raise SystemExit(f"--systems: specrag, at least one of {PEERS}, and optionally specrag_vllm, {', '.join(JOBS)}")
+    if set(systems) & set(OPENVINO):
+        openvino_python()  # before the long run, not after it
 
     import torch
     torch.set_num_threads(args.threads)
@@ -181,7 +220,8 @@ def main() -> int:
     if {q["task_type"] for q in queries} != {"short_form"}:
         raise SystemExit("peers.py expects short-form questions (one stop string and token limit for all)")
     model_name = "smollm2-135m-instruct"
-    loads = {}
+    loads, exports = {}, {}  # exports: OpenVINO's one-time model conversion, apart from its load
+    failed = {}  # a peer whose engine failed here: system -> why (listed under the table)
     started = time.perf_counter()
     backend = LocalBackend(LocalModelConfig(model_name, num_threads=args.threads, dtype=args.dtype))
     loads["specrag"] = time.perf_counter() - started
@@ -242,7 +282,6 @@ def main() -> int:
         record("specrag_vllm", wall, [s.trace.counts["generated_tokens"] for s in states],
                [s.raw_output for s in states])
     if "bare_vllm" in systems:
-        import subprocess
         from specrag.inference.models import materialise
         from specrag.inference.vllm_server import VllmServer, VllmServerConfig, vllm_python
         folder = str(materialise(model_name))
@@ -250,14 +289,25 @@ def main() -> int:
         job = {"folder": folder, "dtype": args.dtype, "max_model_len": server.config.max_model_len,
                "max_num_seqs": server.config.max_num_seqs, "prompts": prompts, "max_new_tokens": task["max_new_tokens"],
                "stop": list(task["stop"]), "eos_ids": list(task["eos_ids"])}
-        done = subprocess.run([str(vllm_python()), str(REPO / "benchmarks" / "vllm_bare.py")], input=json.dumps(job),
-                              capture_output=True, text=True, env=server.environment())
-        if done.returncode:
-            raise SystemExit(f"bare_vllm failed:\n{done.stderr[-3000:]}")
-        bare = json.loads(next(line for line in done.stdout.splitlines()
-                               if line.startswith("BARE_VLLM_RESULT "))[len("BARE_VLLM_RESULT "):])
+        bare = run_bare(vllm_python(), "vllm_bare.py", job, env=server.environment())
         loads["bare_vllm"] = bare["load_s"]
         record("bare_vllm", bare["wall_s"], [len(g) for g in bare["token_ids"]], lm.detokenize(bare["token_ids"]))
+    for system in (s for s in OPENVINO if s in systems):
+        from specrag.inference.models import materialise
+        from specrag.inference.vllm_server import VllmServerConfig
+        same = VllmServerConfig(model_name, "")  # the scheduler's width as vLLM's, the rest OpenVINO's defaults
+        job = {"folder": str(materialise(model_name)), "weights": OPENVINO[system], "dtype": args.dtype,
+               "threads": args.threads, "max_num_seqs": same.max_num_seqs, "prompts": prompts,
+               "max_new_tokens": task["max_new_tokens"], "stop": list(task["stop"]), "eos_ids": list(task["eos_ids"])}
+        try:
+            bare = run_bare(openvino_python(), "openvino_bare.py", job,
+                            env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+        except PeerFailed as e:
+            print(f"  {system}: {e}", file=sys.stderr, flush=True)
+            failed[system] = str(e).splitlines()[0]
+            continue
+        loads[system], exports[system] = bare["load_s"], bare["export_s"]
+        record(system, bare["wall_s"], [len(g) for g in bare["token_ids"]], lm.detokenize(bare["token_ids"]))
 
     for system in (s for s in JOBS if s in systems):
         import pyarrow.parquet as pq
@@ -309,7 +359,10 @@ def main() -> int:
     by = {r["system"]: r for r in rows}
     ours_set = JOBS if set(JOBS) & set(by) else OURS  # the whole job, when it ran
     ours = max((r for r in rows if r["system"] in ours_set), key=lambda r: r["queries_per_s"])
-    best = max((r for r in rows if r["system"] in PEERS), key=lambda r: r["queries_per_s"])
+    same_weights = [r for r in rows if r["system"] in PEERS and r["system"] not in OTHER_WEIGHTS]
+    if not same_weights:
+        raise SystemExit(f"no peer with the same weights ran: {failed or 'only ' + ', '.join(OTHER_WEIGHTS)}")
+    best = max(same_weights, key=lambda r: r["queries_per_s"])
     cols = ["system", "queries", "load_s", "wall_s", "queries_per_s", "prompt_tokens", "generated_tokens",
             "model_gflop", "gflop_per_s", "mfu", "same_answers", "contains_acc"]
     claim = f"vs_best_peer={ours['queries_per_s'] / best['queries_per_s']:.2f}"
@@ -326,7 +379,10 @@ def main() -> int:
              f"Measured matmul peak ({args.dtype}, {args.threads} thread(s), the model's GEMM shapes): "
              f"{peak / 1e9:.1f} GFLOP/s. specrag's model time: prefill {specrag_split['prefill_s']:.1f} s, "
              f"decode {specrag_split['decode_s']:.1f} s. specrag's best backend: {ours['system']}; best peer: "
-             f"{best['system']}.{extra}"]
+             f"{best['system']}.{extra}"
+             + "".join(f" {s}'s export to OpenVINO IR: {t:.1f} s (once per model; 0 when cached)."
+                       for s, t in exports.items())
+             + "".join(f" **{s} did not run**: {why}." for s, why in failed.items())]
     publish(args.results, "Standard RAG throughput: specrag and its peers",
             f"{machine_line(args.threads)}, dtype {args.dtype}; data: first {len(queries)} PopQA questions, "
             f"BM25 over the pooled corpus of the shared sets, top-{args.top_k} documents; batches of {args.batch}.",
