@@ -106,11 +106,18 @@ class LockedVenv:
         pip = self._torch(venv)
         report = venv / "install-report.json"
         run(pip + ["--find-links", str(wheels()), "--report", str(report), *self.requirements, TORCH])
+        self.lock.write_text(self.lock_text(json.loads(report.read_text())))
+        if self.unused:
+            run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--yes", *self.unused])
+
+    def lock_text(self, report: dict) -> str:
+        """The lock from pip's install report (``pip install --report``): one ``name==version
+        --hash=sha256:...`` line per package installed, sorted by name, less torch and ``unused``."""
         lines = [f"# {' '.join(self.requirements)} and what it runs on, locked by `python "
                  f"deploy/{self.name}/install.py --relock`;",
                  f"# not torch ({TORCH}, ../shared/wheels)"
                  + (f" nor {', '.join(self.unused)} (see install.py)" if self.unused else "")]
-        for item in sorted(json.loads(report.read_text())["install"], key=lambda i: i["metadata"]["name"].lower()):
+        for item in sorted(report["install"], key=lambda i: i["metadata"]["name"].lower()):
             name, version = item["metadata"]["name"], item["metadata"]["version"]
             if name.lower() in ("torch", *self.unused):
                 continue
@@ -119,9 +126,7 @@ class LockedVenv:
             if not digest:
                 raise SystemExit(f"pip reported no sha256 for {name}=={version}")
             lines.append(f"{name}=={version} --hash=sha256:{digest}")
-        self.lock.write_text("\n".join(lines) + "\n")
-        if self.unused:
-            run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--yes", *self.unused])
+        return "\n".join(lines) + "\n"
 
     def main(self, description: str, before_install=None) -> int:
         """The engine's ``install.py`` command line: install (idempotent) or ``--relock``."""
