@@ -172,9 +172,9 @@ class PeerFailed(RuntimeError):
     """A peer's own engine failed on this machine: its row is left out and the reason printed under the table."""
 
 
-def run_bare(python: Path, script: str, job: dict, env: dict | None = None) -> dict:
+def run_bare(python: Path, script: str, marker: str, job: dict, env: dict | None = None) -> dict:
     """One peer run bare in its own venv: the job as JSON on stdin, its result as the JSON after
-    the script's RESULT marker on stdout (the engines log to stdout as well)."""
+    ``marker`` (the script's RESULT) on stdout (the engines log to stdout as well)."""
     import signal
     import subprocess
     path = REPO / "benchmarks" / script
@@ -183,9 +183,10 @@ def run_bare(python: Path, script: str, job: dict, env: dict | None = None) -> d
         how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
                else f"exit status {done.returncode}")
         raise PeerFailed(f"{script} failed, {how}\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
-    marker = next(line for line in path.read_text().splitlines() if line.startswith("RESULT = "))
-    marker = marker.split("=", 1)[1].strip().strip('"')
-    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith(marker))[len(marker):])
+    line = next((line for line in done.stdout.splitlines() if line.startswith(marker)), None)
+    if line is None:
+        raise PeerFailed(f"{script} exited 0 without a {marker.strip()} line\n{done.stdout[-1500:]}")
+    return json.loads(line[len(marker):])
 
 
 def main() -> int:
@@ -289,18 +290,18 @@ def main() -> int:
         job = {"folder": folder, "dtype": args.dtype, "max_model_len": server.config.max_model_len,
                "max_num_seqs": server.config.max_num_seqs, "prompts": prompts, "max_new_tokens": task["max_new_tokens"],
                "stop": list(task["stop"]), "eos_ids": list(task["eos_ids"])}
-        bare = run_bare(vllm_python(), "vllm_bare.py", job, env=server.environment())
+        bare = run_bare(vllm_python(), "vllm_bare.py", "BARE_VLLM_RESULT ", job, env=server.environment())
         loads["bare_vllm"] = bare["load_s"]
         record("bare_vllm", bare["wall_s"], [len(g) for g in bare["token_ids"]], lm.detokenize(bare["token_ids"]))
     for system in (s for s in OPENVINO if s in systems):
         from specrag.inference.models import materialise
-        from specrag.inference.vllm_server import VllmServerConfig
-        same = VllmServerConfig(model_name, "")  # the scheduler's width as vLLM's, the rest OpenVINO's defaults
+        from specrag.inference.vllm import VllmConfig
         job = {"folder": str(materialise(model_name)), "weights": OPENVINO[system], "dtype": args.dtype,
-               "threads": args.threads, "max_num_seqs": same.max_num_seqs, "prompts": prompts,
+               "threads": args.threads, "prompts": prompts,
+               "max_num_seqs": VllmConfig().max_num_seqs,  # the scheduler's width as vLLM's, the rest its defaults
                "max_new_tokens": task["max_new_tokens"], "stop": list(task["stop"]), "eos_ids": list(task["eos_ids"])}
         try:
-            bare = run_bare(openvino_python(), "openvino_bare.py", job,
+            bare = run_bare(openvino_python(), "openvino_bare.py", "BARE_OPENVINO_RESULT ", job,
                             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
         except PeerFailed as e:
             print(f"  {system}: {e}", file=sys.stderr, flush=True)
