@@ -14,7 +14,8 @@ which this script checks. HNSW, bm25s and Lucene (its batch search) are measured
 Data: dense = random unit vectors x 384 (MiniLM's dimension), queries perturbed copies of
 stored vectors; datastore = Gaussian vectors x 576 (SmolLM2's hidden size), queries likewise;
 sparse = Zipf-distributed words (benchmarks/retrieval.py's generator), 5-word queries drawn
-from stored passages. Writes benchmarks/results/search_cost.md, whose table section ends with
+from stored passages, and RaLMSpec's verification queries: s windows of 24 words of one stored
+passage, 3 words apart (its query is the last 32 tokens, moved on by a 4-token stride). Writes benchmarks/results/search_cost.md, whose table section ends with
 `flat_int8_batch8=<cost in single fp32 searches> datastore_int8_batch8=<…> int8_single_speedup=<…>`.
 """
 from __future__ import annotations
@@ -36,20 +37,33 @@ from workloads import cpu_flags, cpu_model  # noqa: E402
 BATCHES = (1, 2, 3, 4, 8, 16)
 
 
-def time_batches(search, queries: list, reps: int) -> dict[int, float]:
-    """Median seconds of one call per batch size; every call asks new queries."""
+def time_batches(search, queries: list, reps: int, batch_of=None) -> dict[int, float]:
+    """Median seconds of one call per batch size; every call asks new queries: the next s of
+    ``queries``, or ``batch_of(s, call)`` where given."""
     search(queries[:1])  # warm: lazy low-precision copy, JIT, page cache
-    out, pos = {}, 1
+    out, pos, call = {}, 1, 0
     for s in BATCHES:
         times = []
         for _ in range(reps):
-            batch = [queries[(pos + i) % len(queries)] for i in range(s)]
-            pos += s
+            if batch_of is None:
+                batch = [queries[(pos + i) % len(queries)] for i in range(s)]
+                pos += s
+            else:
+                batch, call = batch_of(s, call), call + 1
             t = time.perf_counter()
             search(batch)
             times.append(time.perf_counter() - t)
         out[s] = statistics.median(times)
     return out
+
+
+def window_batches(texts: list[str], width: int = 24, shift: int = 3):
+    """RaLMSpec's verification queries: s windows of one text ``shift`` words apart (its query is
+    the last 32 tokens, ~24 words, moved on by a 4-token stride), a new text every call."""
+    long = [t.split() for t in texts if len(t.split()) >= width + shift * (BATCHES[-1] - 1)]
+    if not long:
+        raise SystemExit(f"no passage has {width + shift * (BATCHES[-1] - 1)} words for the window queries")
+    return lambda s, call: [" ".join(long[call % len(long)][shift * i: shift * i + width]) for i in range(s)]
 
 
 def dense_rows(n: int, reps: int, work: Path, bf16: bool, hnsw_n: int) -> list[dict]:
@@ -134,10 +148,12 @@ def sparse_rows(n: int, reps: int, work: Path) -> list[dict]:
     import pyarrow.parquet as pq
     from retrieval import build, write_synthetic_corpus
     from specrag.retrieval import open_retriever
+    from specrag.retrieval.bm25 import top_k_rows
     corpus = write_synthetic_corpus(work / "synthetic.parquet", n)
     texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
     rng = np.random.default_rng(11)
     queries = [" ".join(rng.choice(texts[i].split(), size=5)) for i in rng.integers(0, len(texts), 400)]
+    windows = window_batches([texts[i] for i in rng.integers(0, len(texts), 400)])
     del texts
     rows = []
     for kind in ("bm25", "lucene"):
@@ -146,8 +162,17 @@ def sparse_rows(n: int, reps: int, work: Path) -> list[dict]:
         build(corpus, index, [kind])
         print(f"  built {kind} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         r = open_retriever(index, kind)
-        rows.append({"retriever": f"{'bm25s' if kind == 'bm25' else 'Lucene'} {n:,} passages",
-                     "variant": "batch search", "prep_s": 0.0, **time_batches(lambda b: r.search(b, 20), queries, reps)})
+        name = f"{'bm25s' if kind == 'bm25' else 'Lucene'} {n:,} passages"
+        rows.append({"retriever": name, "variant": "distinct 5-word queries", "prep_s": 0.0,
+                     **time_batches(lambda b: r.search(b, 20), queries, reps)})
+        rows.append({"retriever": name, "variant": "RaLMSpec windows (24 words, 3 apart)", "prep_s": 0.0,
+                     **time_batches(lambda b: r.search(b, 20), queries, reps, windows)})
+        if kind == "bm25":  # bm25s's own scoring, a query at a time (specrag's search before it shared a batch)
+            own = lambda b: [top_k_rows(r.index.get_scores_from_ids(ids), 20) for ids in r._query_ids(b)]  # noqa: E731
+            rows.insert(-2, {"retriever": name, "variant": "bm25s scoring, distinct", "prep_s": 0.0,
+                             **time_batches(own, queries, reps)})
+            rows.insert(-1, {"retriever": name, "variant": "bm25s scoring, windows", "prep_s": 0.0,
+                             **time_batches(own, queries, reps, windows)})
     return rows
 
 
@@ -201,6 +226,10 @@ def main() -> int:
     if args.datastore:
         claims += [f"datastore_int8_batch8={pick('datastore', 'int8', 8):.2f}",
                    f"datastore_int8_single={pick('datastore', 'int8', 1):.2f}"]
+    if args.passages:
+        claims += [f"bm25_windows_batch3={pick('bm25s', 'RaLMSpec windows (24 words, 3 apart)', 3):.2f}",
+                   f"bm25_windows_batch8={pick('bm25s', 'RaLMSpec windows (24 words, 3 apart)', 8):.2f}",
+                   f"bm25_distinct_batch2={pick('bm25s', 'distinct 5-word queries', 2):.2f}"]
     claims.append(f"same={str(all(r.get('same', True) for r in rows)).lower()}")
     command = " ".join(["python", "benchmarks/search_cost.py", *sys.argv[1:]])
     text = (f"# Search cost against batch size\n\nCommand: `{command}`\n\n"

@@ -24,6 +24,53 @@ def test_bm25_score_matches_search_and_finds_gold(imported, pooled_bm25):
     assert hits_with_gold / len(queries) >= 0.8  # PopQA's entity names make BM25 strong
 
 
+def _windows(text: str, n: int, width: int = 24, shift: int = 4) -> list[str]:
+    """RaLMSpec's speculated queries: windows of one text, ``shift`` words apart."""
+    words = text.split()
+    return [" ".join(words[shift * i: shift * i + width]) for i in range(n)]
+
+
+def test_bm25_batch_equals_single_searches_and_reads_shared_postings_once(imported, pooled_bm25):
+    """A verification's queries (windows of one text 4 words apart) in one search: each query's
+    hits, scores included, are those of its own search, ``score`` gives the same numbers, and
+    the batch adds up about half the postings the single searches do; unrelated queries cost
+    no more than their single searches."""
+    r = open_retriever(pooled_bm25, "bm25")
+    passages = pq.read_table(pooled_bm25 / "passages.parquet", columns=["text"]).column("text").to_pylist()
+    texts = [t for t in passages if len(t.split()) >= 60][:12]
+    questions = [q["question"] for q in _questions(imported, "popqa", 8)]
+    for text in texts:
+        windows = _windows(text, 6)
+        before = r.postings_read
+        singles = [r.search([q], 20)[0] for q in windows]
+        alone = r.postings_read - before
+        before = r.postings_read
+        assert r.search(windows, 20) == singles
+        assert r.postings_read - before <= 0.6 * alone, (r.postings_read - before, alone)
+        for q, hits in zip(windows, singles):
+            assert r.score(q, [h.doc_id for h in hits]) == [h.score for h in hits]
+    before = r.postings_read
+    singles = [r.search([q], 20)[0] for q in questions]
+    alone, before = r.postings_read - before, r.postings_read
+    assert r.search(questions, 20) == singles and r.postings_read - before <= alone
+
+
+def test_bm25_batch_sums_from_nothing_where_a_sum_could_round(imported, pooled_bm25, monkeypatch):
+    """Where float64 sums of a query's weights could round, each query is summed in term order
+    from nothing, as ``score`` sums it: the batch still equals the single searches."""
+    r = open_retriever(pooled_bm25, "bm25")
+    passages = pq.read_table(pooled_bm25 / "passages.parquet", columns=["text"]).column("text").to_pylist()
+    windows = _windows(next(t for t in passages if len(t.split()) >= 60), 5)
+    singles = [r.search([q], 20)[0] for q in windows]
+    monkeypatch.setattr(r, "_exact", lambda counts: False)
+    before = r.postings_read
+    assert r.search(windows, 20) == singles
+    length = lambda t: int(r._indptr[t + 1] - r._indptr[t])  # noqa: E731
+    assert r.postings_read - before == sum(length(t) for ids in r._query_ids(windows) for t in set(ids))
+    for q, hits in zip(windows, singles):
+        assert r.score(q, [h.doc_id for h in hits]) == [h.score for h in hits]
+
+
 def test_bm25_query_without_indexed_terms_returns_no_hits(pooled_bm25):
     r = open_retriever(pooled_bm25, "bm25")
     assert r.search(["zzqxj vvkkwq"], 5) == [[]]
@@ -124,6 +171,14 @@ def test_top_k_rows_is_a_stable_full_sort_prefix():
     for k in (1, 7, 100, 1000, 2000):
         expected = np.lexsort((np.arange(len(scores)), -scores))[:k]
         assert top_k_rows(scores, k).tolist() == expected.tolist()
+    # large arrays take the sampled bound: spread scores, ties, mostly zeros (few matches)
+    spread = rng.standard_normal(200_000)
+    tied = rng.integers(0, 50, size=200_000).astype(np.float64)
+    sparse = np.where(rng.random(200_000) < 0.0005, rng.random(200_000), 0.0)
+    for scores in (spread, tied, sparse):
+        for k in (1, 20, 500):
+            expected = np.lexsort((np.arange(len(scores)), -scores))[:k]
+            assert top_k_rows(scores, k).tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize("precision", ["int8", "bf16", "fp32"])
