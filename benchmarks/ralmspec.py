@@ -27,8 +27,15 @@ run resumes where it stopped; they are reused whatever the code, so delete measu
 measured-knnlm/ there to measure a changed engine again. Writes
 benchmarks/results/ralmspec.md; the last line is
 `edr_speedup=<r> adr_speedup=<r> sr_speedup=<r> knnlm_edr_speedup=<r> knnlm_adr_speedup=<r>
-cheap_bm25_ratio=<r> identical=<true|false>` (speed-ups are the best of RaLMSpec+PSA and +PSAF
-over RaLMSeq in mean latency, KNN-LM's the best variant's; cheap_bm25_ratio is +F's over bm25s).
+cheap_bm25_ratio=<r> identical=<true|false> backend=<b> edr_ceiling=<r> edr_share_of_ceiling=<r>`
+(speed-ups are the best of RaLMSpec+PSA and +PSAF over RaLMSeq in mean latency, KNN-LM's the best
+variant's; cheap_bm25_ratio is +F's over bm25s).
+
+``--backends local,vllm`` measures every row on the embedded engine and on vLLM in one sitting
+(the claim line speaks for vLLM, the table for both). Each row has RaLMSeq's retrieval share r
+of its latency, the ceiling 1 / (1 - r) of a variant that gives RaLMSeq's tokens (it can save
+only retrieval) and the share of that possible gain reached, (speed-up - 1) / (ceiling - 1)
+(``specrag compare``'s rule, `evaluation/compare_report.retrieval_ceiling`).
 """
 from __future__ import annotations
 
@@ -79,6 +86,20 @@ def padded_flat_index(source: Path, out: Path, total: int, seed: int = 0) -> dic
                 "padding": pads}
     (out / "manifest.json").write_text(json.dumps(manifest))
     return manifest
+
+
+def open_generator(backend: str, args):
+    """SmolLM2-135M on the embedded engine or on vLLM (a server of its own, compiled: the
+    latency a user's worker sees after its start, which the first request pays)."""
+    if backend == "local":
+        from specrag.inference.local import LocalBackend, LocalModelConfig
+        return LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype,
+                                             prefix_cache_mb=args.prefix_cache_mb))
+    from specrag.inference.vllm import VllmBackend, VllmConfig
+    from specrag.inference.types import GenerateRequest
+    generator = VllmBackend("smollm2-135m-instruct", VllmConfig(kv_cache_gb=1), dtype=args.dtype, threads=args.threads)
+    generator.generate([GenerateRequest("Warm up.", max_new_tokens=4)])  # the server's start, not a request's
+    return generator
 
 
 def serve(services, method, queries: list[dict], label: str, cache: Path | None = None) -> tuple[list[float], list]:
@@ -157,6 +178,8 @@ def main() -> int:
     ap.add_argument("--doc-tokens", type=int, default=128)
     ap.add_argument("--stride", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--backends", default="local",
+                    help="comma-separated: local (the embedded engine) and/or vllm (`make install-vllm`), in one sitting")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prefix-cache-mb", type=int, default=0,
                     help="prefix KV reuse of the generator (0: off); emptied before each variant")
@@ -188,6 +211,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from specrag.importers import import_datasets
     from specrag.inference import Services
+    from specrag.evaluation.compare_report import retrieval_ceiling
     from specrag.inference.local import LocalBackend, LocalModelConfig
     from specrag.methods import create_method
     from specrag.pipelines.build_index import run_build_index
@@ -236,8 +260,9 @@ def main() -> int:
         retrievers["cheap"] = open_retriever(index_of("sparse", ["bm25"]), "bm25")
     queries = [validate_query(r) for r in
                pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
-    generator = LocalBackend(LocalModelConfig("smollm2-135m-instruct", num_threads=args.threads, dtype=args.dtype,
-                                              prefix_cache_mb=args.prefix_cache_mb))
+    backends = args.backends.split(",")
+    if set(backends) - {"local", "vllm"} or not backends:
+        raise SystemExit("--backends: local and/or vllm")
     settings = dict(stride=args.stride, max_new_tokens=args.max_new_tokens, doc_max_tokens=args.doc_tokens)
 
     cost_rows = []
@@ -251,49 +276,68 @@ def main() -> int:
     def measured(kind: str) -> Path:
         folder, passages = served_by.get(kind, (None, 0))
         return work / "measured-ralmspec" / (f"{folder.name}-{passages}" if folder else f"pooled-edr{args.edr_vectors}")
-    model_key = f"{args.dtype}-pc{args.prefix_cache_mb}"
     rows, identical = [], True
-    for kind, retriever in retrievers.items():
-        t = time.perf_counter()  # one exact search should cost about one generation step
-        retriever.search([queries[0]["question"]], 20)
-        search_s = time.perf_counter() - t
-        baseline = None
-        for label, name, extra in variants:
-            if kind == "cheap" and label not in ("RaLMSeq", "RaLMSpec+F"):
-                continue
-            generator.clear_prefix_cache()  # each variant starts as a fresh worker would
-            method = create_method(name, **settings, **extra)
-            latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
-                                      method, queries, f"{kind} {label}",
-                                      cache_file(measured(kind) / kind, args.dataset, method, model_key, args.threads))
-            outputs = {s.id: s.trace.method.output_ids for s in states}
-            if baseline is None:
-                baseline = outputs
-            same = sum(outputs[k] == baseline[k] for k in baseline)
-            identical &= same == len(baseline)
-            t = lambda key: statistics.mean(s.trace.timings[key] for s in states)  # noqa: E731
-            c = lambda key: sum(s.trace.counts[key] for s in states)  # noqa: E731
-            steps = [getattr(s.trace.method, "speculation_steps", 0) for s in states]
-            passages = served_by[kind][1] if kind in served_by else len(getattr(retriever, "store", ()))
-            rows.append({"retriever": kind, "passages": passages,
-                         "method": label, "mean_latency_s": statistics.mean(latencies),
-                         "generation_s": t("generation_s"), "retrieval_s": t("retrieval_s"),
-                         "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
-                         "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
-                         "pad_docs": sum(d.startswith(("~pad-", "distractor-")) for s in states for d in s.trace.method.step_docs),
-                         "identical": f"{same}/{len(baseline)}", "single_search_s": search_s})
-            print(f"  {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr, flush=True)
-        seq = next(r["mean_latency_s"] for r in rows if r["retriever"] == kind and r["method"] == "RaLMSeq")
-        for r in rows:
-            if r["retriever"] == kind:
-                r["speedup"] = seq / r["mean_latency_s"]
+    for backend in backends:
+        generator = open_generator(backend, args)
+        # vLLM's own prefix cache holds what vLLM holds; a RaLM step skips it (a batch-invariant row)
+        model_key = f"{args.dtype}-pc{args.prefix_cache_mb}" + ("" if backend == "local" else f"-{backend}")
+        for kind, retriever in retrievers.items():
+            t = time.perf_counter()  # one exact search should cost about one generation step
+            retriever.search([queries[0]["question"]], 20)
+            search_s = time.perf_counter() - t
+            baseline = None
+            for label, name, extra in variants:
+                if kind == "cheap" and label not in ("RaLMSeq", "RaLMSpec+F"):
+                    continue
+                if backend == "local":
+                    generator.clear_prefix_cache()  # each variant starts as a fresh worker would
+                method = create_method(name, **settings, **extra)
+                latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
+                                          method, queries, f"{kind} {label}",
+                                          cache_file(measured(kind) / kind, args.dataset, method, model_key, args.threads))
+                outputs = {s.id: s.trace.method.output_ids for s in states}
+                if baseline is None:
+                    baseline = outputs
+                same = sum(outputs[k] == baseline[k] for k in baseline)
+                identical &= same == len(baseline)
+                t = lambda key: statistics.mean(s.trace.timings[key] for s in states)  # noqa: E731
+                c = lambda key: sum(s.trace.counts[key] for s in states)  # noqa: E731
+                steps = [getattr(s.trace.method, "speculation_steps", 0) for s in states]
+                passages = served_by[kind][1] if kind in served_by else len(getattr(retriever, "store", ()))
+                rows.append({"retriever": kind, "backend": backend, "passages": passages,
+                             "method": label, "mean_latency_s": statistics.mean(latencies),
+                             "generation_s": t("generation_s"), "retrieval_s": t("retrieval_s"),
+                             "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
+                             "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
+                             "pad_docs": sum(d.startswith(("~pad-", "distractor-")) for s in states for d in s.trace.method.step_docs),
+                             "identical": f"{same}/{len(baseline)}", "single_search_s": search_s})
+                print(f"  {backend} {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr,
+                      flush=True)
+            seq = next(r for r in rows if r["retriever"] == kind and r["backend"] == backend and r["method"] == "RaLMSeq")
+            for r in rows:
+                if r["retriever"] == kind and r["backend"] == backend:
+                    r["speedup"] = seq["mean_latency_s"] / r["mean_latency_s"]
+                    # a variant gives RaLMSeq's tokens: it can save only RaLMSeq's retrieval time
+                    r.update(retrieval_ceiling(r["identical"].split("/")[0] == r["identical"].split("/")[1],
+                                               seq["retrieval_s"], seq["mean_latency_s"], r["mean_latency_s"]))
+        if backend != "local":
+            generator.server.stop()  # its server goes: the next backend gets the cores
     knn_rows = knnlm_rows(args, work, data, queries) if args.knnlm_k else []
-    cols = ["retriever", "passages", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup", "index_searches",
-            "speculation_steps", "accepted", "rollbacks", "pad_docs", "identical", "single_search_s"]
+    cols = ["retriever", "backend", "passages", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup",
+            "retrieval_share", "ceiling", "share_of_gain", "index_searches", "speculation_steps", "accepted",
+            "rollbacks", "pad_docs", "identical", "single_search_s"]
+    claimed = "vllm" if "vllm" in backends else backends[0]  # the claim line's backend; the table has both
+
+    def best(kind):
+        return max((r for r in rows if r["retriever"] == kind and r["backend"] == claimed
+                    and r["method"] in ("RaLMSpec+PSA", "RaLMSpec+PSAF")), key=lambda r: r["speedup"], default=None)
 
     def speedup(kind):
-        best = [r["speedup"] for r in rows if r["retriever"] == kind and r["method"] in ("RaLMSpec+PSA", "RaLMSpec+PSAF")]
-        return f"{max(best):.2f}" if best else "na"
+        return f"{best(kind)['speedup']:.2f}" if best(kind) else "na"
+
+    def ceiling(kind, key):
+        value = (best(kind) or {}).get(key)
+        return "na" if value is None else f"{value:.2f}"
     setup = (f"{machine_line(args.threads)}, generator dtype {args.dtype}, prefix KV reuse "
              f"{f'{args.prefix_cache_mb} MiB' if args.prefix_cache_mb else 'off'}; {len(queries)} {args.dataset} questions served one "
              f"at a time; stride {args.stride} tokens, documents cut to {args.doc_tokens} tokens, up to "
@@ -322,7 +366,8 @@ def main() -> int:
                  "na")
     last = (f"edr_speedup={speedup('edr')} adr_speedup={speedup('adr')} sr_speedup={speedup('sr')} "
             f"knnlm_edr_speedup={knn_best('flat')} knnlm_adr_speedup={knn_best('hnsw')} cheap_bm25_ratio={cheap} "
-            f"identical={'true' if identical else 'false'}")
+            f"identical={'true' if identical else 'false'} backend={claimed} edr_ceiling={ceiling('edr', 'ceiling')} "
+            f"edr_share_of_ceiling={ceiling('edr', 'share_of_gain')}")
     report = ["", *markdown_table(rows, cols)]
     if cost_rows:
         report += ["", "Search cost (median of --search-reps calls; x<s>: one search of s questions, top-20, in single "

@@ -270,6 +270,30 @@ def test_report_renders_tables_front_and_plot_offline():
     assert "log scale" in svg and svg.count("<circle") == 2
 
 
+def test_an_exact_methods_speed_up_is_shown_beside_its_retrieval_ceiling():
+    """RaLMSpec gives RaLMSeq's answers, so it can only save RaLMSeq's retrieval time: 5% of the
+    latency caps the speed-up at 1/0.95 = 1.053, and 1.026 is about half of that possible gain.
+    Methods whose answers differ from their baseline's get no ceiling."""
+    from specrag.evaluation.compare_report import retrieval_ceiling
+    assert retrieval_ceiling(True, 0.05, 1.0, 1 / 1.026) == {"retrieval_share": 0.05, "ceiling": 1.053,
+                                                            "share_of_gain": 0.49}
+    assert retrieval_ceiling(True, 0.5, 4.0, 2.0)["ceiling"] == 1.143  # the share is of the baseline's latency
+    assert retrieval_ceiling(True, 0.0, 1.0, 1.0)["share_of_gain"] is None  # nothing to gain: no share
+    assert set(retrieval_ceiling(False, 0.5, 1.0, 0.8).values()) == {None}
+    report = _report()
+    assert "ceiling" not in render_markdown(report)  # no exact method in the table: no such columns
+    report["baselines"]["demo"].append({"method": "RaLMSpec", "baseline": "RaLMSeq", "metric": "contains", "n": 4,
+                                        "difference": 0.0, "ci95": [0.0, 0.0], "same_answers": 4,
+                                        "latency_ratio": 0.975, "speedup": 1.026,
+                                        **retrieval_ceiling(True, 0.05, 1.0, 1 / 1.026)})
+    md = render_markdown(report)
+    assert "| baseline retrieval | ceiling | share of gain |" in md
+    assert "| 4/4 | 0.975 | 1.026 | 5.0% | 1.053 | 0.490 |" in md and "1 / (1 - the baseline's retrieval share)" in md
+    assert "| 1/4 | 2.000 | 0.500 | — | — | — |" in md  # standard RAG against no retrieval
+    page = render_html(report)
+    assert "<th>ceiling</th>" in page and "<td>1.053</td>" in page and "<td>5.0%</td>" in page
+
+
 def test_a_resumed_jobs_throughput_is_its_last_attempts_and_says_over_how_many():
     whole = {"wall_s": 8.0, "resumed": {"attempt": 1, "skipped_finished": 0},
              "attempts": [{"attempt": 1, "wall_s": 8.0, "counters": {"answered": 4}}]}

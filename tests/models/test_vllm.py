@@ -114,19 +114,25 @@ def test_a_method_needing_what_vllm_lacks_is_refused_at_start(demo_tables, demo_
         runtime.validate(method.needs, method="method 'aed-rag'")
 
 
-def test_ralmspec_on_vllm_equals_ralmseq(vllm_backend, demo_tables, demo_index, tmp_path):
-    """RaLMSpec with its extras gives RaLMSeq's output token for token on vLLM: its generations
-    are batch-invariant requests, which run alone in the engine and skip the prefix cache."""
+@pytest.mark.parametrize("retriever", ["bm25", "dense"])
+def test_ralmspec_on_vllm_equals_ralmseq(retriever, vllm_backend, demo_tables, demo_index, tmp_path):
+    """RaLMSpec with its extras gives RaLMSeq's output token for token on vLLM, over BM25 and over
+    exact dense search (its cache ranks by the dot product, its verification embeds and searches
+    a round's queries in one batch): its generations are batch-invariant requests, which run
+    alone in the engine and skip the prefix cache."""
     common = dict(stride=4, max_new_tokens=16, doc_max_tokens=48, query_tokens=32)
     outputs = {}
     for name, extra in (("ralmseq", {}), ("ralmspec", dict(prefetch=True, os3=True, async_verification=True,
                                                            sequential_fallback=False))):
         method = create_method(name, **common, **extra)
         out = tmp_path / name
-        runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), vllm=CONFIG).with_roles(method.model_roles)
+        runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), retriever=retriever,
+                                vllm=CONFIG).with_roles(method.model_roles)
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=8))
         rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
         outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
+        if name == "ralmspec":
+            assert sum(r["counts"]["speculation_accepted"] or 0 for r in rows) > 0  # it did speculate
     assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
 
 
