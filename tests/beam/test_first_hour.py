@@ -92,6 +92,35 @@ def test_queries_and_corpora_from_json_lines_and_csv(tmp_path, capsys):
     assert len(err) == 1 and "broken.jsonl: not a readable JSON lines file" in err[0], err
 
 
+@pytest.mark.xfail(strict=True, reason="#81 E1/E8: evaluate reads Parquet only and needs the optional dataset column")
+def test_evaluate_reads_queries_as_answer_does_and_needs_only_their_required_columns(tmp_path, capsys):
+    """`evaluate --queries` takes what `answer --queries` takes — Parquet, JSON lines, CSV — and a
+    gold table of id, question and answers alone (no dataset, no task type), as a user writes it."""
+    import json
+
+    from specrag.methods import MethodConfig
+    from specrag.pipelines.answer import AnswerJob, run_answer
+    from specrag.transforms.runtime import RuntimeConfig
+    from echo_method import Echo  # tests/echo_method.py: the answer is the question upper-cased
+    rows = [{"id": "q1", "question": "paris", "answers": ["PARIS"]}, {"id": "q2", "question": "rome", "answers": ["Milan"]}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "q.parquet")
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "q.csv").write_text("id,question\nq1,paris\nq2,rome\n")  # no answers: nothing to score right
+    run_answer(AnswerJob(str(tmp_path / "q.parquet"), str(tmp_path / "out"), Echo(MethodConfig()),
+                         RuntimeConfig(models=())))
+    for name, contains in (("q.parquet", 50.0), ("q.jsonl", 50.0), ("q.csv", 0.0)):
+        capsys.readouterr()
+        assert main(["evaluate", str(tmp_path / "out"), "--queries", str(tmp_path / name),
+                     "--json", str(tmp_path / "e.json")]) == 0, capsys.readouterr().err
+        [row] = json.loads((tmp_path / "e.json").read_text())
+        assert row["n"] == 2 and row["contains"] == contains and row["dataset"] == "-", (name, row)
+    (tmp_path / "bad.jsonl").write_text('{"id": "q1", "question": "paris"}\n{"id": "q2"}\n')
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "out"), "--queries", str(tmp_path / "bad.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.jsonl row 2: question" in err[0], err
+
+
 @pytest.mark.parametrize("command, own, others", [
     ("build-index", ("--corpus", "--kinds", "--index", "--model"), ("--engine-batch", "--datastore", "--grow-from",
                                                                     "--retriever", "--limit")),
