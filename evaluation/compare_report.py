@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specrag.evaluation.metrics import TASK_METRICS, score_row
-from specrag.evaluation.report import markdown_table
+from specrag.evaluation.report import markdown_table, read_gold
 from specrag.evaluation.stats import paired_bootstrap_ci, pareto_front
 from specrag.redaction import redact
 
@@ -114,16 +114,6 @@ def throughput_cell(row: dict) -> str:
     return _fmt(row.get("queries_per_s")) + (f" ({over}/{row['n']})" if over else "")
 
 
-def _gold(queries: str) -> dict[str, dict]:
-    from specrag.jobio.files import read_parquet
-    from specrag.jobio.inputs import expand_inputs
-    gold = {}
-    for f in expand_inputs(queries):
-        for q in read_parquet(f).to_pylist():
-            gold[q["id"]] = q
-    return gold
-
-
 def _passages(index: str | None, ids: set[str]) -> dict[str, dict]:
     """Titles and texts of the passages the examples show (read from the index folder)."""
     if not index or not ids:
@@ -171,7 +161,7 @@ def build_report(suite, records) -> dict:
         recs = [r for r in records if r.dataset == dataset.name and r.status not in NOT_RUN]
         if not recs:
             continue
-        gold = _gold(recs[0].queries)
+        gold = read_gold(recs[0].queries)
         headline = suite.headline_for(dataset)
         summaries = {r.label: summarise_run(r, gold, headline) for r in recs if r.status != "failed"}
         rows = {}

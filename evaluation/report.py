@@ -22,6 +22,25 @@ def _read(pattern: str, columns: list[str] | None = None) -> list[dict]:
     return rows
 
 
+def read_gold(queries: str) -> dict[str, dict]:
+    """The gold queries by id, read as ``answer`` reads queries: Parquet, JSON lines or CSV (a
+    file, a folder or a glob), each row normalised by the query schema, so the optional columns
+    (dataset, task type, answers, ...) are optional here too. A row the schema refuses is a
+    one-line error naming its file and row (numbered from 1, as an editor shows them)."""
+    from specrag.jobio.inputs import expand_inputs
+    from specrag.jobio.tables import read_table
+    from specrag.schemas import RowError, validate_query
+    gold = {}
+    for f in expand_inputs(queries):
+        for number, row in enumerate(read_table(f).to_pylist(), 1):
+            try:
+                q = validate_query(row)
+            except RowError as e:
+                raise ValueError(f"{f} row {number}: {e}") from None
+            gold[q["id"]] = q
+    return gold
+
+
 def _trajectories(pattern: str) -> dict[str, list[list[str]]]:
     """Per query id, the evidence trajectory of methods whose trace records one (SARDI's steps)."""
     out = {}
@@ -48,7 +67,7 @@ def evaluate_run(results_dir: Path | str, queries: str) -> dict:
                                 "or identity.json there)")
     all_results, results = results, _first_per_id(results)
     trajectories = _trajectories(join(str(results_dir), "results-*.parquet"))
-    gold = {q["id"]: q for q in _read(queries)}
+    gold = read_gold(queries)
     if not gold:
         raise FileNotFoundError(f"no gold queries found at {queries}")
     sums: dict[tuple, dict] = defaultdict(lambda: defaultdict(float))

@@ -92,7 +92,6 @@ def test_queries_and_corpora_from_json_lines_and_csv(tmp_path, capsys):
     assert len(err) == 1 and "broken.jsonl: not a readable JSON lines file" in err[0], err
 
 
-@pytest.mark.xfail(strict=True, reason="#81 E1/E8: evaluate reads Parquet only and needs the optional dataset column")
 def test_evaluate_reads_queries_as_answer_does_and_needs_only_their_required_columns(tmp_path, capsys):
     """`evaluate --queries` takes what `answer --queries` takes — Parquet, JSON lines, CSV — and a
     gold table of id, question and answers alone (no dataset, no task type), as a user writes it."""
