@@ -72,6 +72,39 @@ def test_an_overwrite_that_fails_its_threshold_keeps_the_earlier_run(tmp_path):
     assert _ids(out) == [] and not list(out.glob(".replaced-*"))
 
 
+@pytest.mark.xfail(strict=True, reason="#81 E2: evaluation.json of the replaced run survives --overwrite")
+def test_an_overwrite_leaves_no_derived_file_of_the_run_it_replaced(tmp_path, capsys):
+    """E2: `evaluate` writes evaluation.json into the run folder; an --overwrite that replaces the
+    run set that file aside with the run, so nothing of the replaced run is read as the new one's;
+    an overwrite that fails puts it back with the earlier run."""
+    out, queries = tmp_path / "out", _queries(tmp_path / "q.parquet", [(f"q{i}", f"question {i}") for i in range(3)])
+    run_answer(_job(queries, out))
+    assert main(["evaluate", str(out), "--queries", str(queries)]) == 0
+    earlier = (out / "evaluation.json").read_bytes()
+    bad = _queries(tmp_path / "blank.parquet", [("b0", "  ")])
+    with pytest.raises(RunFailed):
+        run_answer(_job(bad, out, overwrite=True, max_failure_fraction=0.5))
+    assert (out / "evaluation.json").read_bytes() == earlier  # back with the run it describes
+    run_answer(_job(_queries(tmp_path / "r.parquet", [("r0", "other")]), out, overwrite=True))
+    assert not (out / "evaluation.json").exists() and not list(out.glob(".replaced-*"))
+
+
+@pytest.mark.xfail(strict=True, reason="#81 E3: .failed-* folders of failed overwrites pile up")
+def test_failed_overwrites_keep_only_the_last_failed_run_and_say_where(tmp_path):
+    """E3: each failed --overwrite kept its files in a new .failed-<token>/ beside the output, and
+    they piled up; the last one is kept (its place in the error) and the one before is removed."""
+    out = tmp_path / "out"
+    run_answer(_job(_queries(tmp_path / "good.parquet", [("q0", "question 0")]), out))
+    bad = _queries(tmp_path / "blank.parquet", [("b0", "  ")])
+    places = []
+    for _ in range(3):
+        with pytest.raises(RunFailed) as failure:
+            run_answer(_job(bad, out, overwrite=True, max_failure_fraction=0.5))
+        places.append(str(failure.value).rsplit("this run's files are in ", 1)[1].split()[0].rstrip(";.)"))
+    assert [str(p) for p in out.glob(".failed-*")] == [places[-1]]
+    assert "the last failed run's files are kept; the one before was removed" in str(failure.value)
+
+
 def _killed_overwrite(tmp_path: Path) -> tuple[Path, Path, dict]:
     """A finished run of 4 questions, then an --overwrite of 6 killed with SIGKILL while it writes."""
     out = tmp_path / "out"
