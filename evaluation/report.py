@@ -25,18 +25,23 @@ def _read(pattern: str, columns: list[str] | None = None) -> list[dict]:
 def read_gold(queries: str) -> dict[str, dict]:
     """The gold queries by id, read as ``answer`` reads queries: Parquet, JSON lines or CSV (a
     file, a folder or a glob), each row normalised by the query schema, so the optional columns
-    (dataset, task type, answers, ...) are optional here too. A row the schema refuses is a
-    one-line error naming its file and row (numbered from 1, as an editor shows them)."""
+    (dataset, task type, answers, ...) are optional here too. A row the schema refuses (a blank
+    question: ``answer`` made it a dead letter) is still gold for its id, its optional columns
+    filled the same way; a row without an id is a one-line error naming its file and row
+    (numbered from 1, as an editor shows them)."""
     from specrag.jobio.inputs import expand_inputs
     from specrag.jobio.tables import read_table
     from specrag.schemas import RowError, validate_query
+    defaults = validate_query({"id": "-", "question": "-"})
     gold = {}
     for f in expand_inputs(queries):
         for number, row in enumerate(read_table(f).to_pylist(), 1):
             try:
                 q = validate_query(row)
             except RowError as e:
-                raise ValueError(f"{f} row {number}: {e}") from None
+                if row.get("id") in (None, ""):
+                    raise ValueError(f"{f} row {number}: {e}") from None
+                q = {**defaults, **{k: v for k, v in row.items() if v not in (None, "")}, "id": str(row["id"])}
             gold[q["id"]] = q
     return gold
 

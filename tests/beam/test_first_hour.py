@@ -113,11 +113,11 @@ def test_evaluate_reads_queries_as_answer_does_and_needs_only_their_required_col
                      "--json", str(tmp_path / "e.json")]) == 0, capsys.readouterr().err
         [row] = json.loads((tmp_path / "e.json").read_text())
         assert row["n"] == 2 and row["contains"] == contains and row["dataset"] == "-", (name, row)
-    (tmp_path / "bad.jsonl").write_text('{"id": "q1", "question": "paris"}\n{"id": "q2"}\n')
+    (tmp_path / "bad.jsonl").write_text('{"id": "q1", "question": "paris"}\n{"question": "rome"}\n')
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "out"), "--queries", str(tmp_path / "bad.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "bad.jsonl row 2: question" in err[0], err
+    assert len(err) == 1 and "bad.jsonl row 2: id" in err[0], err
 
 
 @pytest.mark.parametrize("command, own, others", [
