@@ -10,7 +10,8 @@ Every job that writes a folder (``answer`` batch and streaming, ``extract-triple
   input that holds the earlier one unchanged and more (``check_resumable``, ``check_inputs``);
 - **overwrite** is a transaction (``writing``): the earlier run's files are moved into
   ``.replaced-<token>/``; if the new run fails for any reason (its failure share included) they
-  are put back and the failed run's files are kept in ``.failed-<token>/``; if it is killed,
+  are put back and the failed run's files are kept in ``.failed-<token>/`` (the last failed run
+  only: a new failure removes the one before); if it is killed,
   the next command over the folder settles it (``--resume`` completes the new run, anything else
   puts the earlier one back, saying so); they are deleted only once the new run's manifest is
   written and judged;
@@ -66,9 +67,11 @@ class RunLayout:
     unit: str = "input rows"
 
 
+EVALUATION_FILE = "evaluation.json"  # `evaluate`'s report of the run: derived, so it goes where the run goes
 ANSWER = RunLayout("answer", (("results", "results-*.parquet"), ("dead letters", "dead_letters-*.parquet"),
                               ("a manifest", MANIFEST_FILE)),
-                   ("results-*.parquet", "dead_letters-*.parquet", MANIFEST_FILE, IDENTITY_FILE, INPUTS_FILE))
+                   ("results-*.parquet", "dead_letters-*.parquet", MANIFEST_FILE, IDENTITY_FILE, INPUTS_FILE,
+                    EVALUATION_FILE))
 EXTRACT_TRIPLETS = RunLayout(
     "extract-triplets", (("extracted triplets", "extracted-*.parquet"), ("dead letters", "dead_letters-*.parquet"),
                          ("a manifest", MANIFEST_FILE)),
@@ -122,6 +125,12 @@ class RunFolder:
         return sorted({prefix + f[len(prefix):].split("/", 1)[0]
                        for f in match_files(join(self.path, f"{ASIDE}*", "**"))})
 
+    def failed_runs(self) -> list[str]:
+        """Folders of the files of failed --overwrite runs (``.failed-<token>/``)."""
+        prefix = self.path.rstrip("/") + "/"
+        return sorted({prefix + f[len(prefix):].split("/", 1)[0]
+                       for f in match_files(join(self.path, f"{FAILED}*", "**"))})
+
     def refuse_earlier(self) -> None:
         held = self.held()
         if held:
@@ -161,9 +170,12 @@ class RunFolder:
                 yield lease
             except BaseException as error:
                 if aside:
+                    earlier_failures = self.failed_runs()
                     failed = self._put_back(aside)
                     raise _amended(error, f"the earlier run is back in {self.path}"
-                                   + (f"; this run's files are in {failed}" if failed else "")) from None
+                                   + (f"; this run's files are in {failed}" if failed else "")
+                                   + ("; the last failed run's files are kept; the one before was removed"
+                                      if failed and earlier_failures else "")) from None
                 raise
             if aside:
                 remove_tree(aside)
@@ -200,6 +212,8 @@ class RunFolder:
         written = self.run_files()
         failed = join(self.path, f"{FAILED}{_name(aside)[len(ASIDE):]}") if written else None
         if written:
+            for older in self.failed_runs():  # the last failed run is the one looked at; the rest would pile up
+                remove_tree(older)
             self._move(written, self.path, failed)
         self._move(match_files(aside.rstrip("/") + "/**"), aside, self.path)
         remove_tree(aside)

@@ -237,11 +237,12 @@ def cmd_extract_triplets(args, flags) -> int:
 def cmd_evaluate(args, extra) -> int:
     from specrag.evaluation.report import evaluate_run, format_table, save_report
     from specrag.jobio.files import join
+    from specrag.jobio.run_folder import EVALUATION_FILE
     rows = []
     for run in args.runs:
         report = evaluate_run(run, args.queries)
         rows.extend(report["rows"])
-        save_report(report, join(run, "evaluation.json"))
+        save_report(report, join(run, EVALUATION_FILE))
         cov = report["coverage"]
         print(f"{run}: {cov['answered']} answered, {cov['dead_letter_ids']} dead letters, {cov['missing']} missing, "
               f"{cov['duplicate_results']} duplicate results, {cov['in_results_and_dead_letters']} in both "

@@ -72,7 +72,6 @@ def test_an_overwrite_that_fails_its_threshold_keeps_the_earlier_run(tmp_path):
     assert _ids(out) == [] and not list(out.glob(".replaced-*"))
 
 
-@pytest.mark.xfail(strict=True, reason="#81 E2: evaluation.json of the replaced run survives --overwrite")
 def test_an_overwrite_leaves_no_derived_file_of_the_run_it_replaced(tmp_path, capsys):
     """E2: `evaluate` writes evaluation.json into the run folder; an --overwrite that replaces the
     run set that file aside with the run, so nothing of the replaced run is read as the new one's;
@@ -89,7 +88,6 @@ def test_an_overwrite_leaves_no_derived_file_of_the_run_it_replaced(tmp_path, ca
     assert not (out / "evaluation.json").exists() and not list(out.glob(".replaced-*"))
 
 
-@pytest.mark.xfail(strict=True, reason="#81 E3: .failed-* folders of failed overwrites pile up")
 def test_failed_overwrites_keep_only_the_last_failed_run_and_say_where(tmp_path):
     """E3: each failed --overwrite kept its files in a new .failed-<token>/ beside the output, and
     they piled up; the last one is kept (its place in the error) and the one before is removed."""
