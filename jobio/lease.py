@@ -4,9 +4,10 @@ Two runs into one folder (started a second apart, two ``--resume``, an ``--overw
 another run writes) would each commit shards and leave two results for one id. A run takes a
 lease before it touches the folder: a JSON file with a unique token, its host and process, and a
 heartbeat the launcher refreshes every ``HEARTBEAT_S``. A second run finds a live lease and is
-refused with one line. A lease is stale when its process is gone (same host) or its heartbeat
-is older than ``STALE_S`` (another host), so a killed run's folder can be resumed at once on
-the same machine. Every shard commit checks the token first (``check``): a run whose lease was
+refused with one line. A lease is stale when its process is gone (same host: no such process, a
+killed one its parent has not reaped yet, or another process with its pid) or its heartbeat is
+older than ``STALE_S`` (another host), so a killed run's folder can be resumed at once on the same
+machine; the run that takes a stale lease over records whose it was (``took_over``, in the manifest). Every shard commit checks the token first (``check``): a run whose lease was
 taken over stops committing.
 
 Guarantee: on a local or shared POSIX folder the lease is created with O_EXCL, so exactly one
@@ -55,22 +56,49 @@ def _read(path: str) -> dict | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (None where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _started_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): a pid the system reused starts later."""
+    stat = _proc_stat(pid)
+    return int(stat[19]) if stat and len(stat) > 19 else None
+
+
+def _alive(pid: int, started: int | None = None) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's live process
         return True
-    return True
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True  # no /proc: the signal's answer is all there is
+    if stat[0] in ("Z", "X"):  # killed, not yet reaped by its parent: it writes nothing any more
+        return False
+    return started is None or int(stat[19]) == started
+
+
+def stale_reason(held: dict | None, now: float | None = None) -> str | None:
+    """Why a lease no longer holds (None while its run is live)."""
+    if not held:
+        return "no readable lease"
+    if held.get("host") == socket.gethostname():
+        pid = int(held.get("pid", -1))
+        return None if _alive(pid, held.get("pid_started")) else f"its process {pid} is gone"
+    age = (now or time.time()) - float(held.get("heartbeat", 0))
+    return f"its heartbeat is {age:.0f} s old (over {STALE_S:.0f} s)" if age > STALE_S else None
 
 
 def is_stale(held: dict | None, now: float | None = None) -> bool:
-    if not held:
-        return True
-    if held.get("host") == socket.gethostname():
-        return not _alive(int(held.get("pid", -1)))
-    return (now or time.time()) - float(held.get("heartbeat", 0)) > STALE_S
+    return stale_reason(held, now) is not None
 
 
 def describe(held: dict) -> str:
@@ -86,16 +114,21 @@ class Lease:
         self.token = uuid.uuid4().hex
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.took_over: dict | None = None  # the stale lease this run replaced: whose, and why it was stale
 
     def _content(self, started: float) -> str:
         return json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                           "started": started, "heartbeat": time.time()})
+                           "pid_started": _started_ticks(os.getpid()), "started": started, "heartbeat": time.time()})
 
     def acquire(self) -> "Lease":
         held = _read(self.path) if exists(self.path) else None
-        if held and not is_stale(held):
+        reason = stale_reason(held) if held else None
+        if held and reason is None:
             raise LeaseHeld(f"{self.folder} is being written by another {describe(held)}: wait for it to "
                             f"finish, or remove {self.path} if that run is gone")
+        if held:
+            self.took_over = {**{k: held.get(k) for k in ("token", "host", "pid", "started", "heartbeat")},
+                              "reason": reason}
         started = time.time()
         if is_local(self.path):
             if held is not None or os.path.exists(self.path):

@@ -154,13 +154,13 @@ def run_answer(job: AnswerJob) -> dict:
         earlier = dataset_fingerprint(expand_inputs(job.grow_from)) if job.grow_from else None
         grown = folder.check_inputs(inputs, earlier, job.grow_from or "")
     with folder.writing(resume=job.resume, overwrite=job.overwrite) as lease:
-        manifest = _run(job, folder, identity, fingerprint, inputs, lease.token, grown)
+        manifest = _run(job, folder, identity, fingerprint, inputs, lease.token, grown, lease.took_over)
         folder.judge(manifest["reconciliation"], job.max_failure_fraction)
     return manifest
 
 
 def _run(job: AnswerJob, folder: RunFolder, identity: dict, fingerprint: str, inputs: dict, lease_token: str,
-         grown: dict | None = None) -> dict:
+         grown: dict | None = None, took_over: dict | None = None) -> dict:
     out = job.output
     # written before the run: a killed run can still only be resumed with the same identity and inputs
     write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
@@ -184,7 +184,8 @@ def _run(job: AnswerJob, folder: RunFolder, identity: dict, fingerprint: str, in
     rec = folder.reconcile(inputs)
     earlier = json.loads(read_text(join(out, "manifest.json"))) if job.resume and exists(join(out, "manifest.json")) else {}
     this = {"attempt": attempt, "wall_s": wall, "counters": counters,
-            **({"grew_from": input_contents(grown)} if grown else {})}  # the input its earlier attempts answered
+            **({"grew_from": input_contents(grown)} if grown else {}),  # the input its earlier attempts answered
+            **({"lease_takeover": took_over} if took_over else {})}  # a killed run's lease this attempt took
     attempts = [*(earlier.get("attempts") or []), this]
     manifest = write_manifest(out, {
         "job": "answer",

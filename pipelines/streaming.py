@@ -416,6 +416,7 @@ def run_streaming_answer(job, rows=None) -> dict:
                 "identity": identity, "runtime": job.runtime.to_dict(), "source": job.queries,
                 "beam_args": list(beam_args), **settings_manifest(stream),
                 "resumed": {"earlier_result_files": len(done)} if job.resume else None,
+                **({"lease_takeover": lease.took_over} if lease.took_over else {}),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **job.extra_manifest}
         write_manifest(out, {**base, "status": "running"})
         started = time.time()

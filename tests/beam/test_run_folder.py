@@ -132,7 +132,6 @@ def _killed_overwrite(tmp_path: Path) -> tuple[Path, Path, dict]:
     return out, second, before
 
 
-@pytest.mark.xfail(strict=True, reason="#81 E6: a killed holder not yet reaped still holds the lease")
 def test_a_run_started_right_after_its_holder_was_killed_takes_the_lease_over_and_says_so(tmp_path):
     """E6: right after a kill -9 the dead holder is a zombie until its parent reaps it, and the
     lease looked held ("being written by another run"); the next run takes it over at once and
