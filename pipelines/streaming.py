@@ -159,6 +159,11 @@ class UpdateManifest(beam.DoFn):
             indent=2, sort_keys=True, default=str))
 
 
+def _stopped_by(stream: StreamSettings) -> str:
+    """What ended a stream that no signal stopped."""
+    return f"--stop-after {stream.stop_after_s:g} s" if stream.stop_after_s is not None else "its source ended"
+
+
 def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSettings, *, rows=None,
                                     finished_files: list[str] = (), fingerprint: str = "",
                                     lease_token: str | None = None, manifest_base: dict | None = None) -> None:
@@ -445,8 +450,9 @@ def run_streaming_answer(job, rows=None) -> dict:
         finally:
             if drain:
                 drain.stop()
-        stopped_by = read_text(marker).strip() if exists(marker) else None
-        delete([marker] if stopped_by else [])
+        stopped = exists(marker)  # a signal's drain (or a stop marker written by hand: it says nothing)
+        stopped_by = (read_text(marker).strip() or f"the stop marker {marker}") if stopped else _stopped_by(stream)
+        delete([marker] if stopped else [])
         delete([ended] if ended and exists(ended) else [])
         running = json.loads(read_text(join(out, "manifest.json")))
         manifest = write_manifest(out, {

@@ -129,19 +129,26 @@ def _duration(seconds: float) -> str:
 
 def progress_line(job: str, done: int, dead: int, total: int | None, rate: float | None, unit: str,
                   in_flight: int | None = None, rate_window_s: float = 60.0) -> str:
-    """`answer: 340/1000 queries (34%) · 2.10 queries/s · ETA 5m14s · 3 dead letters`; a job
-    without an end (streaming): `answer: 340 queries · 2.10 queries/s over 5m · 12 in flight · ...`"""
+    """`answer: 340/1000 queries (34%) · 2.10 queries/s · ETA 5m14s · 3 dead letters` (of the
+    total, both answered and dead letters are done); a job without an end (streaming), the
+    answered ones as its final line and manifest count them:
+    `answer: 340 queries · 2.10 queries/s over 5m · 12 in flight · ...`"""
     finished = done + dead
     parts = [f"{job}: {finished}/{total} {unit} ({100 * finished / total:.0f}%)" if total
-             else f"{job}: {finished} {unit}"]
+             else f"{job}: {done} {unit}"]
     if rate:
         parts.append(f"{rate:.2f} {unit}/s" + (f" over {_duration(rate_window_s)}" if in_flight is not None else ""))
         if total and total > finished:
             parts.append(f"ETA {_duration((total - finished) / rate)}")
     if in_flight is not None:
         parts.append(f"{in_flight} in flight")
-    parts.append(f"{dead} dead letter{'s' if dead != 1 else ''}")
+    parts.append(dead_letters(dead))
     return " · ".join(parts)
+
+
+def dead_letters(n: int) -> str:
+    """`1 dead letter`, `3 dead letters`."""
+    return f"{n} dead letter{'' if n == 1 else 's'}"
 
 
 class ProgressWatcher:
@@ -173,7 +180,7 @@ class ProgressWatcher:
         if self.counts["admitted"]:  # a streaming job: what is admitted but not yet written
             in_flight = max(0, self.counts["admitted"] - self.counts["done"] - self.counts["failed"])
         return progress_line(self.job, self.counts["done"], self.counts["dead"], self.total, rate, self.unit,
-                             in_flight, self.window_s)
+                             in_flight, now - t0)  # the span the rate is over, not the window's length
 
     def _loop(self):
         last = None
@@ -197,15 +204,15 @@ class ProgressWatcher:
         self.poll()
         if self.interval_s <= 0:
             return
+        dead = dead_letters(self.counts["dead"])
         if failed:
-            print(f"{self.job}: stopped after {self.counts['done']} {self.unit}, {self.counts['dead']} dead letters "
-                  f"(the job failed)", file=self.stream, flush=True)
+            print(f"{self.job}: stopped after {self.counts['done']} {self.unit}, {dead} (the job failed)",
+                  file=self.stream, flush=True)
         else:
             elapsed = time.monotonic() - self.started
             finished = self.counts["done"] + self.counts["dead"]
-            print(f"{self.job}: finished {self.counts['done']} {self.unit}, {self.counts['dead']} dead letters "
-                  f"in {_duration(elapsed)} ({finished / elapsed if elapsed else 0:.2f} {self.unit}/s)",
-                  file=self.stream, flush=True)
+            print(f"{self.job}: finished {self.counts['done']} {self.unit}, {dead} in {_duration(elapsed)} "
+                  f"({finished / elapsed if elapsed else 0:.2f} {self.unit}/s)", file=self.stream, flush=True)
 
 
 @contextlib.contextmanager

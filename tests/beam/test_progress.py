@@ -13,11 +13,12 @@ from specrag.transforms.progress import (CountProgress, ProgressWatcher, count_r
 def test_progress_line_says_done_rate_eta_and_dead_letters():
     assert progress_line("answer sps", 330, 10, 1000, 2.0, "queries") == \
         "answer sps: 340/1000 queries (34%) · 2.00 queries/s · ETA 5m30s · 10 dead letters"
-    assert progress_line("build-index", 5, 1, None, None, "passages") == "build-index: 6 passages · 1 dead letter"
+    # without a total, the items done (as the final line counts them), dead letters beside them
+    assert progress_line("build-index", 5, 1, None, None, "passages") == "build-index: 5 passages · 1 dead letter"
     assert progress_line("x", 10, 0, 10, 4.0, "queries") == "x: 10/10 queries (100%) · 4.00 queries/s · 0 dead letters"
     # a job without an end (streaming): the rate over the last minutes and what is in flight
     assert progress_line("answer (streaming)", 40, 2, None, 0.5, "queries", in_flight=7, rate_window_s=300) == \
-        "answer (streaming): 42 queries · 0.50 queries/s over 5m00s · 7 in flight · 2 dead letters"
+        "answer (streaming): 40 queries · 0.50 queries/s over 5m00s · 7 in flight · 2 dead letters"
 
 
 def test_watcher_sums_workers_and_keeps_a_half_written_files_last_value(tmp_path):

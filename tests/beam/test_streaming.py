@@ -158,7 +158,6 @@ def test_a_watched_folder_is_answered_as_files_land_and_the_job_stops_when_told(
     assert sum(w["results"] for w in reported) == 4 and sum(w["dead_letters"] for w in reported) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="#81 E4: the running line counts dead letters as queries; stopped_by None")
 def test_a_stream_stopped_by_stop_after_says_so_and_its_lines_agree_with_its_count(tmp_path, capsys, monkeypatch):
     """E4: the running progress line of a stream said "6 queries" where 3 were answered and 3 were
     dead letters, and the manifest's stopped_by was None after --stop-after. Every line now counts
