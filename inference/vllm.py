@@ -166,11 +166,12 @@ class VllmBackend(ModelBackend):
         from transformers import AutoTokenizer, GenerationConfig
 
         from specrag.inference.models import materialise, model_spec
+        from specrag.wording import a
         spec = model_spec(model)
         self.capabilities = self.serves(model, BackendSettings(threads, dtype, vllm=config))
         if not self.capabilities:
             raise ValueError(f"the vllm backend serves causal LMs (and encoders with --vllm-embed); {model} is "
-                             f"a {spec.kind} model")
+                             f"{a(spec.kind)} model")
         self.name, self.config = model, config
         self.embeds = EMBED in self.capabilities
         self.max_inflight_batches = config.max_inflight_batches

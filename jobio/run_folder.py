@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 from specrag.jobio.files import (delete, exists, is_local, join, match_files, mkdirs, open_parquet, read_parquet,
                                  read_text, remove_tree, write_parquet)
 from specrag.jobio.lease import LEASE_FILE, Lease
+from specrag.wording import count
 
 IDENTITY_FILE = "identity.json"
 INPUTS_FILE = "inputs.json"  # the input files' contents (no paths), written before the run
@@ -387,9 +388,9 @@ def failure_share(rec: dict) -> float:
 
 
 def reconciliation_line(rec: dict) -> str:
-    files = f" + {rec['unreadable_files']} unreadable files" if rec["unreadable_files"] else ""
-    return (f"{rec['input_rows']} input rows{files} = {rec['results']} results + {rec['dead_letters']} dead letters "
-            f"(lost {rec['lost']}, duplicated {rec['duplicated']})")
+    files = f" + {count(rec['unreadable_files'], 'unreadable file')}" if rec["unreadable_files"] else ""
+    return (f"{count(rec['input_rows'], 'input row')}{files} = {count(rec['results'], 'result')} + "
+            f"{count(rec['dead_letters'], 'dead letter')} (lost {rec['lost']}, duplicated {rec['duplicated']})")
 
 
 def read_json(path: str) -> Any:

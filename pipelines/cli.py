@@ -27,6 +27,7 @@ def _quiet_beam_import(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger().addFilter(_quiet_beam_import)  # before Beam is imported (the command's own module)
+from specrag.wording import count  # noqa: E402
 from specrag.pipelines.options import (beam_args_from_flags, foreign_flags, job_options, unparsed_beam_args,  # noqa: E402
                                        with_suggestions)
 
@@ -103,8 +104,8 @@ def cmd_answer(args, flags) -> int:
     print(f"wrote {out} ({manifest['wall_s']} s); manifest: {out.rstrip('/')}/manifest.json")
     if manifest.get("mode") == "streaming":
         account = manifest["account"]
-        print(f"stream stopped: {account['results']} ids answered, {account['dead_letters']} dead letters, "
-              f"{len(manifest['windows'])} windows")
+        print(f"stream stopped: {count(account['results'], 'id')} answered, "
+              f"{count(account['dead_letters'], 'dead letter')}, {count(len(manifest['windows']), 'window')}")
     else:
         print(f"reconciliation: {reconciliation_line(manifest['reconciliation'])}")
     return 0
@@ -229,8 +230,9 @@ def cmd_extract_triplets(args, flags) -> int:
                      batch_size=x.extract_batch, shard_passages=x.shard_passages, resume=o.resume,
                      overwrite=r.overwrite, bad_files=o.bad_files, max_failure_fraction=r.max_failure_fraction)
     manifest = run_extract_triplets(job)
-    print(f"{manifest['passages']} passages, {manifest['triplets']} triplets, {manifest['dead_letters']} dead letters "
-          f"in {manifest['wall_s']} s ({manifest['passages_per_s']} passages/s); wrote {o.output}")
+    print(f"{count(manifest['passages'], 'passage')}, {count(manifest['triplets'], 'triplet')}, "
+          f"{count(manifest['dead_letters'], 'dead letter')} in {manifest['wall_s']} s "
+          f"({manifest['passages_per_s']} passages/s); wrote {o.output}")
     return 0
 
 
@@ -244,7 +246,7 @@ def cmd_evaluate(args, extra) -> int:
         rows.extend(report["rows"])
         save_report(report, join(run, EVALUATION_FILE))
         cov = report["coverage"]
-        print(f"{run}: {cov['answered']} answered, {cov['dead_letter_ids']} dead letters, {cov['missing']} missing, "
+        print(f"{run}: {cov['answered']} answered, {count(cov['dead_letter_ids'], 'dead letter')}, {cov['missing']} missing, "
               f"{cov['duplicate_results']} duplicate results, {cov['in_results_and_dead_letters']} in both "
               f"(of {cov['queries']} queries)")
         if cov["duplicate_results"]:

@@ -83,8 +83,8 @@ class ReadParquetRows(beam.PTransform):
         return sum(meta.row_group(g).num_rows for g in range(group)) < stop
 
     def source_of(self, order: int) -> str:
-        """The "file:row" of a row's ``_order``."""
-        return f"{self.files[order >> ROW_BITS]}:{order & ((1 << ROW_BITS) - 1)}"
+        """`FILE row N` of a row's ``_order``, numbered from 1 as an editor or a reader counts rows."""
+        return f"{self.files[order >> ROW_BITS]} row {(order & ((1 << ROW_BITS) - 1)) + 1}"
 
     def dead_letters(self, pbegin):
         """One dead letter per unreadable input file."""

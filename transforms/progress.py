@@ -26,6 +26,7 @@ import apache_beam as beam
 
 from specrag.jobio.files import delete, join, match_files, mkdirs, read_text, write_text
 from specrag.jobio.tables import open_table
+from specrag.wording import count
 
 PROGRESS_DIR = ".progress"
 KINDS = ("done", "dead", "admitted", "failed")  # admitted / failed: a streaming job's queries in, failed in a stage
@@ -148,7 +149,7 @@ def progress_line(job: str, done: int, dead: int, total: int | None, rate: float
 
 def dead_letters(n: int) -> str:
     """`1 dead letter`, `3 dead letters`."""
-    return f"{n} dead letter{'' if n == 1 else 's'}"
+    return count(n, "dead letter")
 
 
 class ProgressWatcher:

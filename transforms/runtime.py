@@ -203,9 +203,10 @@ def _manifest(folder: str, what: str, build: str) -> dict:
     """An index's or datastore's manifest, through FileSystems (the folder may be remote)."""
     from specrag.jobio import files
     from specrag.jobio.run_folder import read_json
+    from specrag.wording import a
     path = files.join(folder, "manifest.json")
     if not files.exists(path):
-        raise ValueError(f"{folder} is not a {what} (no manifest.json); build one with `{build}`")
+        raise ValueError(f"{folder} is not {a(what)} (no manifest.json); build one with `{build}`")
     manifest = read_json(path)
     if not isinstance(manifest, dict):
         raise ValueError(f"{path} is not a manifest (a JSON {type(manifest).__name__}); build the {what} again "

@@ -103,7 +103,7 @@ def read_query_file(path: str) -> list[dict]:
                 row = {"_unreadable": f"line {i + 1} is not JSON ({e})"}
             if not isinstance(row, dict):
                 row = {"_unreadable": f"line {i + 1} is not a JSON object"}
-            rows.append({**row, "_source": f"{path}:{i}"})
+            rows.append({**row, "_source": f"{path} line {i + 1}"})
         return rows
     except (UnreadableInput, OSError, ValueError) as e:
         return [{"_unreadable": str(e), "_source": path}]

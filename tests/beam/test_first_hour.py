@@ -36,7 +36,7 @@ def test_minimal_tables_work_and_a_missing_column_is_one_line_before_anything_is
     captured = capsys.readouterr()
     noise = [ln for ln in captured.err.splitlines() if ln.startswith(("DEBUG", "INFO", "WARNING"))]
     assert not noise, noise  # the progress line and the result, no library logging
-    assert "reconciliation: 1 input rows = 1 results + 0 dead letters" in captured.out
+    assert "reconciliation: 1 input row = 1 result + 0 dead letters" in captured.out
 
 
 def test_limit_answers_the_first_rows_in_file_order_and_a_larger_limit_grows_the_run(tmp_path, capsys):

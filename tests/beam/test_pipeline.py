@@ -269,6 +269,6 @@ def test_validation_judges_rows_by_position_in_two_passes(tmp_path):
         assert_that(valid | beam.Map(lambda r: (r["id"], r["text"], bool(r.get(MARK_FIELD)))),
                     equal_to([("a", "a1", False), ("b", "b1", True), ("d", "d1", False)]), label="Valid")
         assert_that(dead | beam.Map(lambda d: (d["id"], d["message"])),
-                    equal_to([("a", f"duplicate id 'a' (first seen at {first}:0)"),
-                              ("b", f"duplicate id 'b' (first seen at {first}:1)"),
+                    equal_to([("a", f"duplicate id 'a' (first seen at {first} row 1)"),
+                              ("b", f"duplicate id 'b' (first seen at {first} row 2)"),
                               ("x", "text: empty")]), label="Dead")

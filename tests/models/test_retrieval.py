@@ -112,7 +112,7 @@ def test_build_index_sends_bad_passages_to_dead_letters(tmp_path):
     assert manifest["index"]["passages"] == 2 and manifest["index"]["dead_letters"] == 2
     dead = pq.read_table(next((tmp_path / "idx").glob("dead_letters-*.parquet"))).to_pylist()
     assert sorted((d["id"], d["message"]) for d in dead) == [
-        ("a", "duplicate id 'a' (first seen at " + str(tmp_path / "corpus.parquet") + ":0)"),
+        ("a", "duplicate id 'a' (first seen at " + str(tmp_path / "corpus.parquet") + " row 1)"),
         ("b", "text: empty")]
     r = open_retriever(tmp_path / "idx", "bm25")
     assert [h.doc_id for h in r.search(["gamma"], 3)[0]] == ["c"]

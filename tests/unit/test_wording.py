@@ -4,7 +4,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = pytest.mark.xfail(strict=True, reason="#81 E5: 'a index', '1 dead letters', rows numbered from 0")
 
 
 def test_counts_and_articles_read_as_english(tmp_path):
