@@ -7,6 +7,7 @@ not readable Parquet is an ``UnreadableInput`` naming the file, never a bare tra
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -43,6 +44,25 @@ def _for(path) -> str:
     if path.startswith("s3://"):
         share_botocore_loader()
     return path
+
+
+class ShardWriteError(OSError):
+    """A job's output file that could not be written, in one line: which, where, the OS's words.
+    One string argument, so Beam's runners re-raise it as itself with the step's name appended
+    (an OSError with errno and filename reaches the launcher as a RuntimeError of its repr)."""
+
+
+def os_error(error: BaseException) -> str:
+    """The innermost OS error of ``error`` as `PermissionError: [Errno 1] Operation not permitted`
+    (Beam's BeamIOError keeps each file's exception in ``exception_details``)."""
+    details = getattr(error, "exception_details", None)
+    if isinstance(details, dict) and details:
+        error = next(iter(details.values()))
+    while isinstance(error, OSError) and error.args and isinstance(error.args[0], BaseException):
+        error = error.args[0]  # Beam's OSError(PermissionError(...))
+    if isinstance(error, OSError) and error.errno is not None:
+        return f"{type(error).__name__}: [Errno {error.errno}] {error.strerror}"
+    return f"{type(error).__name__}: {error}"
 
 
 class UnreadableInput(ValueError):
@@ -157,11 +177,17 @@ def read_bytes(path: str) -> bytes:
 def write_bytes(path: str, data: bytes) -> None:
     """Written under a temporary name, then renamed: readers never see half a file."""
     tmp = join(FileSystems.split(_for(path))[0], f".{uuid.uuid4().hex}.inprogress")
-    with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-        fh.write(data)
-    if FileSystems.exists(str(path)):
-        FileSystems.delete([str(path)])
-    FileSystems.rename([tmp], [str(path)])
+    try:
+        with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+            fh.write(data)
+        if FileSystems.exists(str(path)):
+            FileSystems.delete([str(path)])
+        FileSystems.rename([tmp], [str(path)])
+    except BaseException:
+        with contextlib.suppress(Exception):  # no temporary file left behind where it can be removed
+            if FileSystems.exists(tmp):
+                FileSystems.delete([tmp])
+        raise
 
 
 def read_text(path: str) -> str:

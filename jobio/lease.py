@@ -7,7 +7,9 @@ heartbeat the launcher refreshes every ``HEARTBEAT_S``. A second run finds a liv
 refused with one line. A lease is stale when its process is gone (same host: no such process, a
 killed one its parent has not reaped yet, or another process with its pid) or its heartbeat is
 older than ``STALE_S`` (another host), so a killed run's folder can be resumed at once on the same
-machine; the run that takes a stale lease over records whose it was (``took_over``, in the manifest). Every shard commit checks the token first (``check``): a run whose lease was
+machine; the run that takes a stale lease over records whose it was (``took_over``, in the manifest).
+A lease that could not be removed (a folder that refuses writes) is given back all the same: this
+process holds it no longer, and it is stale to the next run, in this process or another. Every shard commit checks the token first (``check``): a run whose lease was
 taken over stops committing.
 
 Guarantee: on a local or shared POSIX folder the lease is created with O_EXCL, so exactly one
@@ -31,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from specrag.jobio.files import delete, exists, is_local, join, read_text, write_text
 
 LEASE_FILE = ".lease"
+_HELD: set[str] = set()  # tokens of the leases this process holds now (one it left behind is not held)
 HEARTBEAT_S = 30.0
 STALE_S = 600.0
 
@@ -92,6 +95,8 @@ def stale_reason(held: dict | None, now: float | None = None) -> str | None:
         return "no readable lease"
     if held.get("host") == socket.gethostname():
         pid = int(held.get("pid", -1))
+        if pid == os.getpid():  # a run of this process that ended without removing it (its folder refused)
+            return None if held.get("token") in _HELD else "its run in this process has ended"
         return None if _alive(pid, held.get("pid_started")) else f"its process {pid} is gone"
     age = (now or time.time()) - float(held.get("heartbeat", 0))
     return f"its heartbeat is {age:.0f} s old (over {STALE_S:.0f} s)" if age > STALE_S else None
@@ -145,6 +150,7 @@ class Lease:
             if (_read(self.path) or {}).get("token") != self.token:
                 raise LeaseHeld(f"{self.folder}: another run took the lease at the same moment")
         self._started = started
+        _HELD.add(self.token)
         self._thread = threading.Thread(target=self._heartbeat, name="specrag-lease", daemon=True)
         self._thread.start()
         return self
@@ -160,6 +166,7 @@ class Lease:
 
     def release(self) -> None:
         self._stop.set()
+        _HELD.discard(self.token)  # given back, even where the file cannot be removed yet
         if (_read(self.path) or {}).get("token") == self.token:
             delete([self.path])
 

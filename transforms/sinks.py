@@ -20,7 +20,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from specrag.jobio.files import write_parquet
+from specrag.jobio.files import ShardWriteError, os_error, write_parquet
 from specrag.jobio.lease import check
 
 
@@ -28,7 +28,7 @@ class _WriteShards(beam.DoFn):
     def __init__(self, prefix: str, schema: pa.Schema, max_rows: int, counter: str, lease_token: str | None,
                  windowed: bool = False):
         self.prefix, self.schema, self.max_rows, self.lease_token = prefix, schema, max_rows, lease_token
-        self.windowed = windowed
+        self.windowed, self.counter = windowed, counter
         self._shards = Metrics.counter("specrag", f"{counter}_shards")
         self._written = Metrics.counter("specrag", counter)  # rows written (the failure share reads it)
 
@@ -57,7 +57,10 @@ class _WriteShards(beam.DoFn):
         path = f"{self.prefix}{tag}-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
         if self.lease_token:  # the folder is still this run's (jobio/lease.py)
             check(FileSystems.split(path)[0], self.lease_token)
-        write_parquet(path, pa.Table.from_pylist(self._rows[window], schema=self.schema))
+        try:
+            write_parquet(path, pa.Table.from_pylist(self._rows[window], schema=self.schema))
+        except OSError as e:  # Beam's BeamIOError is one too
+            raise ShardWriteError(f"could not write the {self.counter} shard {path}: {os_error(e)}") from None
         self._written.inc(len(self._rows[window]))
         self._rows[window] = []
         self._shards.inc()
