@@ -14,18 +14,14 @@ SIGKILL (2.5 GB each for SmolLM2; the tests' OOM of 2026-12-05 was such orphans)
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
-import socket
-import subprocess
-import threading
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from specrag.inference.server_process import ServerProcess, free_port
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
@@ -64,27 +60,16 @@ class VllmServerConfig:
     embed: bool = False  # vLLM's pooling runner for an encoder (embeddings), not its generate runner
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # in the child, before exec
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 class VllmServer:
     """A running ``vllm.entrypoints.openai.api_server`` on 127.0.0.1; ``stop()`` ends it."""
 
     def __init__(self, config: VllmServerConfig, log_dir: Path | None = None):
         self.config = config
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         from specrag.inference.models import cache_dir
         self.log_path = Path(log_dir or Path(cache_dir()) / "vllm-logs") / f"{config.name}-{self.port}.log"
-        self.process: subprocess.Popen | None = None
-        self._stopping = threading.Lock()  # rows that find the server dead stop it from several threads
+        self._server: ServerProcess | None = None
 
     def command(self) -> list[str]:
         c = self.config
@@ -123,23 +108,14 @@ class VllmServer:
         return env
 
     def start(self, timeout_s: float = 900.0) -> "VllmServer":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            env=self.environment(), preexec_fn=_die_with_parent,
-                                            start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise VllmStartError(f"vLLM's server for {self.config.name} exited with code "
-                                     f"{self.process.returncode} before it was ready; log {self.log_path}:\n"
-                                     f"{self.log_tail()}")
-            if self.ready():
-                return self
-            time.sleep(0.5)
-        self.stop()
-        raise VllmStartError(f"vLLM's server for {self.config.name} not ready after {timeout_s:.0f}s; "
-                             f"log {self.log_path}:\n{self.log_tail()}")
+        self._server = ServerProcess(f"vLLM's server for {self.config.name}", self.command(), self.environment(),
+                                     self.log_path, self.ready, VllmStartError, die_with_parent=True)
+        self._server.start(timeout_s)
+        return self
+
+    @property
+    def process(self):
+        return self._server.process if self._server else None
 
     def ready(self) -> bool:
         try:
@@ -149,48 +125,17 @@ class VllmServer:
             return False
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return self._server.log_tail(lines) if self._server else "(not started)"
 
     def exited(self) -> int | None:
-        """The server's exit code once it has exited (its group then stopped too), else None."""
-        code = self.process.poll() if self.process else None
-        if code is not None:
-            self.stop()
-        return code
+        """The server's exit code once it has exited (its group then killed too), else None."""
+        return self._server.exited() if self._server else None
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to the server's process group (vLLM shuts its engine down), SIGKILL to whatever
         of the group is left after ``timeout_s``."""
-        with self._stopping:
-            self._stop(timeout_s)
-
-    def _stop(self, timeout_s: float) -> None:
-        if self.process is None:
-            return
-        group = self.process.pid  # its own session: the group id is its pid
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(group, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        if self._server:
+            self._server.stop(timeout_s)
 
     def __enter__(self) -> "VllmServer":
         return self.start()

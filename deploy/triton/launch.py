@@ -23,10 +23,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -106,10 +104,18 @@ def backend_dir(venv: Path, facts: dict) -> Path:
     return target.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _server_process():
+    """``inference/server_process.py``, the one launcher of specrag's engine servers, loaded by its
+    path: this script runs under any Python, specrag installed or not."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("specrag_server_process", ROOT / "inference" / "server_process.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_launcher = _server_process()
+free_port = _launcher.free_port
 
 
 class TritonServer:
@@ -128,7 +134,7 @@ class TritonServer:
         self.log_path = Path(log_path) if log_path else self.venv / "logs" / f"tritonserver-{self.grpc_port}.log"
         self.extra_args = tuple(extra_args)
         self.extra_env = dict(env or {})
-        self.process: subprocess.Popen | None = None
+        self._server = None  # the server's process group (inference/server_process.py)
 
     @property
     def grpc_url(self) -> str:
@@ -168,26 +174,14 @@ class TritonServer:
         if not self.model_repo.is_dir():
             raise TritonStartError(f"model repository {self.model_repo} does not exist")
         facts = _venv_facts(self.venv)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(self.command(facts), stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.environment(facts), start_new_session=True)
-        log.close()
-        self.wait_ready(timeout_s)
+        self._server = _launcher.ServerProcess("tritonserver", self.command(facts), self.environment(facts),
+                                               self.log_path, self.is_ready, TritonStartError)
+        self._server.start(timeout_s)
         return self
 
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.process.poll() if self.process else None
-            if code is not None:
-                raise TritonStartError(f"tritonserver exited with code {code} before it was ready; "
-                                       f"log {self.log_path}:\n{self.log_tail()}")
-            if self.is_ready():
-                return
-            time.sleep(0.5)
-        self.stop()
-        raise TritonStartError(f"tritonserver not ready after {timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+    @property
+    def process(self):
+        return self._server.process if self._server else None
 
     def is_ready(self) -> bool:
         try:
@@ -197,33 +191,24 @@ class TritonServer:
             return False
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return self._server.log_tail(lines) if self._server else "(not started)"
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
             return r.read().decode()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (Triton finishes in-flight requests), then SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        """SIGTERM (Triton finishes in-flight requests), then SIGKILL to whatever of it lingers."""
+        if self._server:
+            self._server.stop(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the server and its model stubs at once (what a crash looks like)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self._server:
+            self._server.kill()
 
     def __enter__(self) -> "TritonServer":
-        return self.start() if self.process is None else self
+        return self.start() if self._server is None else self
 
     def __exit__(self, *exc) -> None:
         self.stop()
