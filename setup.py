@@ -49,6 +49,8 @@ setup(
                 # gs:// in the tests: Beam's GCS filesystem needs only the storage client; the
                 # emulator is a real GCS JSON-API server on 127.0.0.1
                 "google-cloud-storage==3.17.1", "gcp-storage-emulator==2026.7.19",
+                # Beam's Dataflow runner writes a job's template offline (tests/beam/test_dataflow.py)
+                "google-cloud-dataflow-client==0.13.0",
                 # the Kafka stream test's producer (pure Python; the broker is deploy/flink/kafka.py's)
                 "kafka-python==3.0.12"],
         # plus `pip install --no-deps pyserini==1.6.0` (its jar only; see the Makefile)

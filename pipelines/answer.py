@@ -29,7 +29,7 @@ from specrag.jobio.run_folder import (ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFai
 from specrag.pipelines.manifest import job_counters, write_manifest
 from specrag.pipelines.identity import keep_earlier_prefill, run_fingerprint, run_identity  # noqa: F401
 from specrag.pipelines.options import (AnswerOptions, GrowOptions, OutputOptions, ReplaceOptions, RuntimeOptions,
-                                       StreamOptions, job_options, new_pipeline)
+                                       StreamOptions, dataflow_template, job_options, new_pipeline)
 from specrag.pipelines.streaming import check_streaming_input, run_streaming_answer
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
@@ -144,9 +144,15 @@ def run_answer(job: AnswerJob) -> dict:
     job.validate()
     if job.stream is not None:
         return run_streaming_answer(job)
-    folder = RunFolder(job.output, ANSWER)
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
+    template = dataflow_template(job.beam_args)
+    if template:  # the job's graph as Dataflow would run it, written there; nothing runs
+        p = new_pipeline(job.beam_args)
+        build_answer_pipeline(p, job, [], 0, fingerprint, None)
+        p.run()
+        return {"job": "answer", "template": template, "run_fingerprint": fingerprint, "identity": identity}
+    folder = RunFolder(job.output, ANSWER)
     inputs = dataset_fingerprint(expand_inputs(job.queries), job.limit)
     grown = None
     if job.resume:

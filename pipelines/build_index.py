@@ -12,6 +12,7 @@ local staging folder and published there, manifest last.
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -25,8 +26,9 @@ from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.ml.inference.base import RunInference
 
 from specrag.inference.triton import TritonConfig
+from specrag.inference.vllm import VllmConfig
 from specrag.pipelines.manifest import write_manifest
-from specrag.pipelines.options import new_pipeline
+from specrag.pipelines.options import dataflow_template, new_pipeline
 from specrag.retrieval.base import passage_text
 from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS, PASSAGES
@@ -111,7 +113,7 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
                     num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
                     dense_params: dict[str, dict] | None = None, backend: str = "local",
                     triton: TritonConfig | None = None, embeddings: str | None = None, overwrite: bool = False,
-                    max_failure_fraction: float = 1.0) -> dict:
+                    max_failure_fraction: float = 1.0, vllm: VllmConfig | None = None) -> dict:
     """Build the index folder ``index_dir`` from the corpus; returns the build manifest.
 
     An existing index is replaced only with ``overwrite`` (and comes back if the rebuild fails);
@@ -123,18 +125,63 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
         run_build_index("corpus.parquet", "index/", ["bm25", "dense"])
     """
     expand_tables(corpus, PASSAGE_COLUMNS, "corpus")  # before the folder is touched
+    build = functools.partial(_build_index, corpus, str(index_dir), kinds, embedder=embedder, num_threads=num_threads,
+                              beam_args=beam_args, dense_params=dense_params, backend=backend, triton=triton,
+                              vllm=vllm, embeddings=embeddings)
+    if dataflow_template(beam_args):  # the job's graph written for Dataflow: the folder is not touched
+        return build()
     folder = RunFolder(str(index_dir), INDEX)
     with folder.writing(overwrite=overwrite):
-        manifest = _build_index(corpus, str(index_dir), kinds, embedder=embedder, num_threads=num_threads,
-                                beam_args=beam_args, dense_params=dense_params, backend=backend, triton=triton,
-                                embeddings=embeddings)
+        manifest = build()
         folder.judge(folder.account(manifest["index"]["passages"]), max_failure_fraction)
     return manifest
 
 
+def _index_graph(p, corpus: str, index_dir: str, kinds: list[str], *, embedder: str, dense: bool, handler,
+                 precomputed: list[str], inputs: list[str], blocks: int, dense_params: dict[str, dict] | None) -> None:
+    """The build-index job's graph: validated passages, their embeddings, the index finished once
+    every shard is written."""
+    progress = progress_dir(index_dir)
+    covered = p | "PrecomputedIds" >> ReadIds(precomputed) if precomputed else None
+    valid, dead = p | "ValidatePassages" >> ValidateRows(ReadParquetRows(corpus), validate_passage,
+                                                         marked=covered)
+    dead = dead | "ProgressDead" >> CountProgress(progress, "dead")
+    if not dense:  # the passages are the work
+        valid = valid | "ProgressPassages" >> CountProgress(progress, "done")
+    if precomputed:  # two filters, not Partition + Flatten: the in-process runner executes a
+        # multi-input Flatten itself, holding all its input (5M passages: 18.8 GB peak, 8.2 GB without)
+        to_embed = valid | "ToEmbed" >> beam.Filter(lambda r: not r.get(MARK_FIELD))
+        _ = (valid | "Precomputed" >> beam.Filter(lambda r: bool(r.get(MARK_FIELD)))
+             | "ProgressPrecomputed" >> CountProgress(progress, "done"))
+    else:
+        to_embed = valid
+    written = [valid | "WritePassages" >> WriteToParquet(files.join(index_dir, "shards", "passages"), PASSAGES,
+                                                        file_name_suffix=".parquet"),
+               dead | "WriteDeadLetters" >> WriteToParquet(files.join(index_dir, "dead_letters"), DEAD_LETTERS,
+                                                           file_name_suffix=".parquet")]
+    if dense:
+        written.append(
+            to_embed
+            | "TextById" >> beam.Map(lambda r: (r["id"], passage_text(r["title"], r["text"])))
+            # blocks fixed by the ids (a shuffle that also spreads them over the workers): the
+            # model's batches are the same on every runner, so are the vectors, bit for bit
+            | "BlockById" >> beam.Map(lambda kv: (embedding_block(kv[0], blocks), kv))
+            | "EmbeddingBlocks" >> beam.GroupByKey()
+            | "SortBlock" >> beam.MapTuple(lambda _, pairs: sorted(pairs))
+            | "Embed" >> RunInference(BlockHandler(handler))
+            | "PerPassage" >> beam.FlatMap(lambda result: result.inference)
+            | "ProgressEmbedded" >> CountProgress(progress, "done")
+            | "ToVectorRows" >> beam.Map(_vector_row)
+            | "WriteEmbeddings" >> WriteToParquet(files.join(index_dir, "embeddings", "part"), EMBEDDINGS,
+                                                  file_name_suffix=".parquet"))
+    finish = IndexFinish(index_dir, kinds, embedder if dense else None, inputs, precomputed, dense_params)
+    after_writes = [beam.pvalue.AsList(w) for w in written]  # side inputs: complete before it runs
+    _ = p | "Once" >> beam.Create([None]) | "FinishIndex" >> beam.Map(lambda _, *done: finish(), *after_writes)
+
+
 def _build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str, num_threads: int,
                  beam_args: tuple[str, ...], dense_params: dict[str, dict] | None, backend: str,
-                 triton: TritonConfig | None, embeddings: str | None) -> dict:
+                 triton: TritonConfig | None, vllm: VllmConfig | None, embeddings: str | None) -> dict:
     bad = set(kinds) - set(KINDS)
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")
@@ -143,53 +190,27 @@ def _build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str
     precomputed = sorted({f for pattern in patterns for f in expand_inputs(pattern)})
     if precomputed and not dense:
         raise ValueError("--embeddings (precomputed vectors) needs a dense kind in --kinds")
-    handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton) if dense else None
+    handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton,
+                                  vllm=vllm) if dense else None
     inputs = expand_inputs(corpus)
     blocks = max(1, -(-(count_rows(inputs) or 0) // EMBED_BLOCK_ROWS))
     index_dir = str(index_dir)
+    template = dataflow_template(beam_args)
+    if template:
+        p = new_pipeline(beam_args)
+        _index_graph(p, corpus, index_dir, kinds, embedder=embedder, dense=dense, handler=handler,
+                     precomputed=precomputed, inputs=inputs, blocks=blocks, dense_params=dense_params)
+        p.run()  # Dataflow's runner stages the job and writes its description; nothing runs
+        return {"job": "build-index", "template": template}
     files.mkdirs(index_dir)
     files.remove_tree(files.join(index_dir, "shards"))  # also a killed run's beam-temp folders
     files.remove_tree(files.join(index_dir, "embeddings"))
     files.delete(files.match_files(files.join(index_dir, "dead_letters*")))
     started = time.time()
-    progress = progress_dir(index_dir)
     with watch_progress("build-index", index_dir, count_rows(inputs), unit="passages"), \
             new_pipeline(beam_args) as p:
-        covered = p | "PrecomputedIds" >> ReadIds(precomputed) if precomputed else None
-        valid, dead = p | "ValidatePassages" >> ValidateRows(ReadParquetRows(corpus), validate_passage,
-                                                             marked=covered)
-        dead = dead | "ProgressDead" >> CountProgress(progress, "dead")
-        if not dense:  # the passages are the work
-            valid = valid | "ProgressPassages" >> CountProgress(progress, "done")
-        if precomputed:  # two filters, not Partition + Flatten: the in-process runner executes a
-            # multi-input Flatten itself, holding all its input (5M passages: 18.8 GB peak, 8.2 GB without)
-            to_embed = valid | "ToEmbed" >> beam.Filter(lambda r: not r.get(MARK_FIELD))
-            _ = (valid | "Precomputed" >> beam.Filter(lambda r: bool(r.get(MARK_FIELD)))
-                 | "ProgressPrecomputed" >> CountProgress(progress, "done"))
-        else:
-            to_embed = valid
-        written = [valid | "WritePassages" >> WriteToParquet(files.join(index_dir, "shards", "passages"), PASSAGES,
-                                                            file_name_suffix=".parquet"),
-                   dead | "WriteDeadLetters" >> WriteToParquet(files.join(index_dir, "dead_letters"), DEAD_LETTERS,
-                                                               file_name_suffix=".parquet")]
-        if dense:
-            written.append(
-                to_embed
-                | "TextById" >> beam.Map(lambda r: (r["id"], passage_text(r["title"], r["text"])))
-                # blocks fixed by the ids (a shuffle that also spreads them over the workers): the
-                # model's batches are the same on every runner, so are the vectors, bit for bit
-                | "BlockById" >> beam.Map(lambda kv: (embedding_block(kv[0], blocks), kv))
-                | "EmbeddingBlocks" >> beam.GroupByKey()
-                | "SortBlock" >> beam.MapTuple(lambda _, pairs: sorted(pairs))
-                | "Embed" >> RunInference(BlockHandler(handler))
-                | "PerPassage" >> beam.FlatMap(lambda result: result.inference)
-                | "ProgressEmbedded" >> CountProgress(progress, "done")
-                | "ToVectorRows" >> beam.Map(_vector_row)
-                | "WriteEmbeddings" >> WriteToParquet(files.join(index_dir, "embeddings", "part"), EMBEDDINGS,
-                                                      file_name_suffix=".parquet"))
-        finish = IndexFinish(index_dir, kinds, embedder if dense else None, inputs, precomputed, dense_params)
-        after_writes = [beam.pvalue.AsList(w) for w in written]  # side inputs: complete before it runs
-        _ = p | "Once" >> beam.Create([None]) | "FinishIndex" >> beam.Map(lambda _, *done: finish(), *after_writes)
+        _index_graph(p, corpus, index_dir, kinds, embedder=embedder, dense=dense, handler=handler,
+                     precomputed=precomputed, inputs=inputs, blocks=blocks, dense_params=dense_params)
     index_manifest = json.loads(files.read_text(files.join(index_dir, "manifest.json")))
     return write_manifest(index_dir, {"job": "build-index", "index": index_manifest, "beam_args": list(beam_args),
                                       "embedding": {"backend": backend, "model": embedder} if dense else None,

@@ -55,10 +55,18 @@ def cmd_build_index(args, flags) -> int:
     config = runtime.runtime_config()
     manifest = run_build_index(corpus.corpus, runtime.index, kinds, embedder=embedder, num_threads=runtime.threads,
                                beam_args=beam_args, dense_params=dense_params, backend=config.backend_for(embedder),
-                               triton=config.triton, embeddings=options.view_as(BuildIndexOptions).embeddings,
-                               **_replace(options))
+                               triton=config.triton, vllm=config.vllm,
+                               embeddings=options.view_as(BuildIndexOptions).embeddings, **_replace(options))
+    if "template" in manifest:
+        print(_template_line(manifest))
+        return 0
     print(json.dumps(manifest["index"], indent=2))
     return 0
+
+
+def _template_line(manifest: dict) -> str:
+    return (f"wrote the Dataflow template of this {manifest['job']} job: {manifest['template']} (nothing ran; the "
+            "pipeline it describes is staged under --staging_location)")
 
 
 def _replace(options) -> dict:
@@ -101,6 +109,9 @@ def _run_answer_flags(flags, command: str, method_name: str | None = None):
 def cmd_answer(args, flags) -> int:
     manifest, out = _run_answer_flags(flags, "answer")
     from specrag.jobio.run_folder import reconciliation_line
+    if "template" in manifest:
+        print(_template_line(manifest))
+        return 0
     print(f"wrote {out} ({manifest['wall_s']} s); manifest: {out.rstrip('/')}/manifest.json")
     if manifest.get("mode") == "streaming":
         account = manifest["account"]

@@ -448,6 +448,21 @@ def pipeline_options(beam_args: tuple[str, ...] | list[str]) -> PipelineOptions:
     return options
 
 
+def dataflow_template(beam_args: tuple[str, ...] | list[str]) -> str | None:
+    """Where Dataflow's runner writes a classic template of the job (``--template_location``), or
+    None. Such a run builds the job and stages it (the pipeline proto under
+    ``--staging_location``), writes the job's description at that path and submits nothing, so a
+    job command returns once it is written: no output folder is touched, no lease taken. Running
+    the template later (``gcloud dataflow jobs run``) runs the graph without specrag's launcher —
+    no manifest, lease or reconciliation; the Flex Template (deploy/beam/flex_template) runs the
+    launcher, which a production run on Dataflow wants."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
+    options = PipelineOptions(list(beam_args))
+    if "dataflow" not in (options.view_as(StandardOptions).runner or "").lower():
+        return None
+    return options.view_as(GoogleCloudOptions).template_location or None
+
+
 # Flags whose values are files or folders the workers read or write.
 PATH_FLAGS = frozenset({"queries", "output", "index", "datastore", "triplets", "corpus", "embeddings"})
 
