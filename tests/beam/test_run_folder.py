@@ -104,6 +104,25 @@ def test_failed_overwrites_keep_only_the_last_failed_run_and_say_where(tmp_path)
     assert "the last failed run's files are kept; the one before was removed" in str(failure.value)
 
 
+def _echo_run_until(queries: Path, out: Path, shards: int, overwrite: bool = False) -> subprocess.Popen:
+    """An Echo answer run in another process (one row a shard), returned once it has committed
+    ``shards`` results shards (its other queries may hold it: ``wait-while:``)."""
+    script = ("import sys; sys.path.insert(0, sys.argv[1]);"
+              "from echo_method import Echo; from specrag.methods import MethodConfig;"
+              "from specrag.pipelines.answer import AnswerJob, run_answer;"
+              "from specrag.transforms.runtime import RuntimeConfig;"
+              "run_answer(AnswerJob(sys.argv[2], sys.argv[3], Echo(MethodConfig()), RuntimeConfig(models=()),"
+              " overwrite=sys.argv[4] == 'overwrite', shard_rows=1))")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(TESTS), str(queries), str(out),
+                             "overwrite" if overwrite else "-"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 240
+    while len(list(out.glob("results-000-*.parquet"))) < shards:
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.1)
+    return proc
+
+
 def _killed_overwrite(tmp_path: Path) -> tuple[Path, Path, dict]:
     """A finished run of 4 questions, then an --overwrite of 6 killed with SIGKILL while it writes."""
     out = tmp_path / "out"
@@ -114,18 +133,7 @@ def _killed_overwrite(tmp_path: Path) -> tuple[Path, Path, dict]:
     hold.touch()
     second = _queries(tmp_path / "second.parquet", [(f"n{i}", f"new {i}") for i in range(5)]
                       + [("n5", f"wait-while:{hold}")])
-    script = ("import sys; sys.path.insert(0, sys.argv[1]);"
-              "from echo_method import Echo; from specrag.methods import MethodConfig;"
-              "from specrag.pipelines.answer import AnswerJob, run_answer;"
-              "from specrag.transforms.runtime import RuntimeConfig;"
-              "run_answer(AnswerJob(sys.argv[2], sys.argv[3], Echo(MethodConfig()), RuntimeConfig(models=()),"
-              " overwrite=True, shard_rows=1))")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(TESTS), str(second), str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while len(list(out.glob("results-000-*.parquet"))) < 5:  # the 5 quick answers are committed
-        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-        time.sleep(0.1)
+    proc = _echo_run_until(second, out, shards=5, overwrite=True)  # the 5 quick answers are committed
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(list(out.glob(".replaced-*"))) == 1  # the earlier run, set aside
@@ -142,19 +150,8 @@ def test_a_run_started_right_after_its_holder_was_killed_takes_the_lease_over_an
     hold.touch()
     queries = _queries(tmp_path / "q.parquet", [(f"q{i}", f"question {i}") for i in range(3)]
                        + [("q3", f"wait-while:{hold}")])
-    script = ("import sys; sys.path.insert(0, sys.argv[1]);"
-              "from echo_method import Echo; from specrag.methods import MethodConfig;"
-              "from specrag.pipelines.answer import AnswerJob, run_answer;"
-              "from specrag.transforms.runtime import RuntimeConfig;"
-              "run_answer(AnswerJob(sys.argv[2], sys.argv[3], Echo(MethodConfig()), RuntimeConfig(models=()),"
-              " shard_rows=1))")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(TESTS), str(queries), str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = _echo_run_until(queries, out, shards=3)
     try:
-        deadline = time.time() + 240
-        while len(list(out.glob("results-000-*.parquet"))) < 3:
-            assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-            time.sleep(0.1)
         os.kill(proc.pid, signal.SIGKILL)  # not reaped: a zombie until proc.wait()
         time.sleep(0.5)
         hold.unlink()
