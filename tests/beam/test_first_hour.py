@@ -143,3 +143,35 @@ def test_a_rewritten_json_lines_file_is_read_anew(tmp_path):
     assert read_table(str(path)).column("id").to_pylist() == ["a"]
     path.write_text('{"id": "a", "question": "one"}\n{"id": "b", "question": "two"}\n')
     assert read_table(str(path)).column("id").to_pylist() == ["a", "b"]
+
+
+@pytest.mark.xfail(strict=True, reason="#81 E7: a job with no flags runs one worker with one torch thread")
+def test_a_job_uses_the_machines_cores_unless_told_and_says_so(tmp_path, capsys, monkeypatch):
+    """E7: `specrag answer` with no Beam or thread flags ran one worker process with one torch
+    thread, one core of two idle. Unless --threads or SPECRAG_THREADS says, the in-process runner's
+    worker processes share the cores (workers x threads = cores); the start line says so."""
+    import os
+    from specrag.pipelines.options import RuntimeOptions, job_options
+    monkeypatch.delenv("SPECRAG_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+
+    def threads(*flags):
+        options, _ = job_options(list(flags))
+        return options.view_as(RuntimeOptions).threads
+    assert threads() == 8
+    assert threads("--direct_num_workers=2", "--direct_running_mode=multi_processing") == 4
+    assert threads("--threads", "3") == 3
+    assert threads("--runner=FlinkRunner") == 1  # a cluster's workers: not this machine's cores
+    monkeypatch.setenv("SPECRAG_THREADS", "2")
+    assert threads() == 2
+    monkeypatch.delenv("SPECRAG_THREADS")
+    pq.write_table(pa.Table.from_pylist([{"id": "p1", "text": "Paris is the capital of France."}]),
+                   tmp_path / "c.parquet")
+    pq.write_table(pa.Table.from_pylist([{"id": "q1", "question": "capital of France"}]), tmp_path / "q.parquet")
+    assert main(["build-index", "--corpus", str(tmp_path / "c.parquet"), "--index", str(tmp_path / "index")]) == 0
+    capsys.readouterr()
+    assert main(["answer", "--index", str(tmp_path / "index"), "--method", "retrieve-only", "--queries",
+                 str(tmp_path / "q.parquet"), "--output", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "answer retrieve-only: 1 worker process x 8 torch threads (8 cores; --threads, --direct_num_workers " \
+           "to change)" in err, err
