@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,8 @@ from specrag.jobio.run_folder import (ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFai
 from specrag.pipelines.manifest import job_counters, write_manifest
 from specrag.pipelines.identity import keep_earlier_prefill, run_fingerprint, run_identity  # noqa: F401
 from specrag.pipelines.options import (AnswerOptions, GrowOptions, OutputOptions, ReplaceOptions, RuntimeOptions,
-                                       StreamOptions, dataflow_template, job_options, new_pipeline)
+                                       StreamOptions, dataflow_template, in_process_runner, job_options,
+                                       new_pipeline)
 from specrag.pipelines.streaming import check_streaming_input, run_streaming_answer
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
@@ -65,6 +67,7 @@ class AnswerJob:
     extra_manifest: dict[str, Any] = field(default_factory=dict)
     stream: Any = None  # StreamSettings (pipelines/options.py): answer an unbounded source as it arrives
     limit: int | None = None  # only the first N query rows (files sorted, then row order)
+    start_line: str = ""  # said once the job starts (the CLI's: worker processes x threads)
 
     def validate(self) -> None:
         self.runtime.validate(self.method.needs, self.method.needs_retriever, self.method.needs_datastore,
@@ -182,6 +185,8 @@ def _run(job: AnswerJob, folder: RunFolder, identity: dict, fingerprint: str, in
         total = min(total, job.limit)
     if total is not None and done:
         total = max(0, total - count_ids(done, "id"))
+    if job.start_line:  # the graph is built: its inputs are readable, the job starts now
+        print(job.start_line, file=sys.stderr, flush=True)
     with watch_progress(f"answer {job.method.name}", out, total):
         result = p.run()
         result.wait_until_finish()
@@ -247,4 +252,6 @@ def answer_job_from_flags(flags: list[str], command: str = "answer", method_name
                      grow_from=options.view_as(GrowOptions).grow_from,
                      overwrite=r.overwrite, execution=a.execution,
                      max_failure_fraction=r.max_failure_fraction, gather_timeout_s=a.gather_timeout,
-                     shard_rows=a.shard_rows, bad_files=o.bad_files, stream=stream, limit=a.limit)
+                     shard_rows=a.shard_rows, bad_files=o.bad_files, stream=stream, limit=a.limit,
+                     start_line=options.view_as(RuntimeOptions).workers_line(f"{command} {name}")
+                     if in_process_runner(options) else "")

@@ -23,7 +23,24 @@ from dataclasses import dataclass
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-THREADS = int(os.environ.get("SPECRAG_THREADS", "1"))
+from specrag.wording import count
+
+def in_process_runner(options: PipelineOptions) -> bool:
+    """Whether the job's workers run on this machine (the FnApiRunner, named or by default)."""
+    from apache_beam.options.pipeline_options import StandardOptions
+    return (options.view_as(StandardOptions).runner or "FnApiRunner").lower() in ("fnapirunner", "directrunner")
+
+
+def default_threads(runner: str | None, workers: int | None) -> int:
+    """Torch threads per worker process when neither --threads nor SPECRAG_THREADS says: the
+    machine's cores over the worker processes the in-process runner starts (workers x threads =
+    cores); one on any other runner, whose workers' cores are not this machine's."""
+    env = os.environ.get("SPECRAG_THREADS")
+    if env:
+        return int(env)
+    if not in_process_runner(PipelineOptions([f"--runner={runner}"] if runner else [])):
+        return 1
+    return max(1, (os.cpu_count() or 1) // max(1, workers or 1))
 
 
 def _flag(parser, name: str, **kwargs) -> None:
@@ -61,7 +78,9 @@ class ModelOptions(PipelineOptions):
                    "default: the embedder runs in the worker)")
         _flag(group, "model", action="append", metavar="ROLE=NAME",
               help="model for a role, e.g. generator=smollm2-135m-instruct, embedder=all-minilm-l6-v2")
-        _flag(group, "threads", type=int, default=THREADS, help="torch threads per worker process")
+        _flag(group, "threads", type=int, default=None,
+              help="torch threads per worker process (default: SPECRAG_THREADS, else the machine's cores over the "
+                   "in-process runner's worker processes, 1 on other runners)")
         _flag(group, "dtype", default="auto", choices=DTYPES,
               help="auto: bfloat16 where the CPU has AMX or AVX512-BF16 (native bf16 matmuls), else float32; "
                    "bfloat16 elsewhere is emulated and slow (it warns); int8: dynamic int8 quantisation of the "
@@ -150,7 +169,19 @@ class RuntimeOptions(PipelineOptions):
     vllm_kv_cache_gb = property(lambda self: self.view_as(ModelOptions).vllm_kv_cache_gb)
     vllm_embed = property(lambda self: self.view_as(ModelOptions).vllm_embed)
     model = property(lambda self: self.view_as(ModelOptions).model)
-    threads = property(lambda self: self.view_as(ModelOptions).threads)
+    @property
+    def threads(self) -> int:
+        from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+        given = self.view_as(ModelOptions).threads
+        return given if given is not None else default_threads(self.view_as(StandardOptions).runner,
+                                                               self.view_as(DirectOptions).direct_num_workers)
+
+    def workers_line(self, job: str) -> str:
+        """The start line: what of the machine the job's in-process workers use."""
+        from apache_beam.options.pipeline_options import DirectOptions
+        workers = max(1, self.view_as(DirectOptions).direct_num_workers or 1)
+        return (f"{job}: {count(workers, 'worker process', 'worker processes')} x {count(self.threads, 'torch thread')} "
+                f"({count(os.cpu_count() or 1, 'core')}; --threads, --direct_num_workers to change)")
     dtype = property(lambda self: self.view_as(ModelOptions).dtype)
     index = property(lambda self: self.view_as(IndexFolderOptions).index)
     datastore = property(lambda self: self.view_as(DatastoreFolderOptions).datastore)

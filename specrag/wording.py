@@ -5,9 +5,9 @@ from __future__ import annotations
 VOWEL_SOUNDS = tuple("aeiou")
 
 
-def count(n: int, noun: str) -> str:
-    """`1 dead letter`, `0 dead letters`; ``noun`` singular, its plural with an -s."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 dead letter`, `0 dead letters`; ``noun`` singular, its plural with an -s unless given."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def a(phrase: str) -> str:

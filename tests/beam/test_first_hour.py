@@ -145,7 +145,6 @@ def test_a_rewritten_json_lines_file_is_read_anew(tmp_path):
     assert read_table(str(path)).column("id").to_pylist() == ["a", "b"]
 
 
-@pytest.mark.xfail(strict=True, reason="#81 E7: a job with no flags runs one worker with one torch thread")
 def test_a_job_uses_the_machines_cores_unless_told_and_says_so(tmp_path, capsys, monkeypatch):
     """E7: `specrag answer` with no Beam or thread flags ran one worker process with one torch
     thread, one core of two idle. Unless --threads or SPECRAG_THREADS says, the in-process runner's
