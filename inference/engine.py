@@ -93,10 +93,42 @@ class ModelBackend(Protocol):
     supports_row_errors: bool = False
     max_inflight_batches: int = 1
 
+    # A backend's traits: a run is checked and identified by asking its backend's class
+    # (transforms/runtime.py), never by testing the backend's name, so a new backend is a module
+    # and a registry line. ``fallback``: the backend that runs the models this one serves nothing
+    # for (vLLM serves causal LMs; a vllm run's encoders run locally). ``in_process``: its models
+    # run in the worker process, whose torch threads are set for them. ``takes_dtype``: the run's
+    # --dtype reaches the model (Triton's models set theirs in config.pbtxt). ``phase_dtypes``:
+    # it runs the dtypes that are forwards of its own (int8, bfloat16-prefill). ``worker_prefix_cache``:
+    # specrag's prefix KV reuse (--prefix-cache-mb) applies, on by default at
+    # ``default_prefix_cache_mb`` (a server caches prefixes itself).
+    fallback: str | None = None
+    in_process: bool = False
+    takes_dtype: bool = True
+    phase_dtypes: bool = False
+    worker_prefix_cache: bool = False
+    default_prefix_cache_mb: int = 0
+
     @classmethod
     def open(cls, model: str, settings: BackendSettings) -> "ModelBackend":
         """The backend of a registered name (``registry.BACKENDS``) for one model."""
         raise NotImplementedError(f"{cls.__name__} cannot be opened by name")
+
+    @classmethod
+    def check_run(cls, settings: BackendSettings, needs: dict[str, tuple[str, tuple[str, ...]]]) -> None:
+        """Checks of a run on this backend before any work (a server reachable, its models
+        there); ``needs``: role -> (model, operations)."""
+
+    @classmethod
+    def model_identity(cls, model: str) -> str:
+        """How a run's identity names a model of this backend: its weights' hash by default."""
+        from specrag.inference.models import model_identity
+        return model_identity(model)
+
+    @classmethod
+    def identity_extras(cls, settings: BackendSettings) -> dict[str, Any]:
+        """What else of this backend's settings decides a run's results."""
+        return {}
 
     def generate(self, requests: list[GenerateRequest]) -> list[Generation]: ...
     def score(self, requests: list[ScoreRequest]) -> list[Scored]: ...

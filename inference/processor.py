@@ -54,9 +54,11 @@ def resolve_dtype(requested: str, backend: str = "local", flags: frozenset[str] 
     it natively, else float32 (and float32 on Triton, whose models set their own in config.pbtxt)."""
     if requested not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {requested!r}")
+    from specrag import registry
+    takes_dtype = registry.BACKENDS[backend].takes_dtype
     if requested == "auto":
-        return "bfloat16" if backend in ("local", "vllm") and has_native_bf16(flags) else "float32"
-    if requested in BF16_COMPUTE and backend in ("local", "vllm") and not has_native_bf16(flags):
+        return "bfloat16" if takes_dtype and has_native_bf16(flags) else "float32"
+    if requested in BF16_COMPUTE and takes_dtype and not has_native_bf16(flags):
         log.warning("--dtype %s on a CPU without AMX or AVX512-BF16 (%s): PyTorch emulates bfloat16 "
                     "matmuls there, several times slower than float32; --dtype auto picks float32",
                     requested, cpu_model_and_flags()[0])

@@ -154,6 +154,23 @@ class TritonBackend(ModelBackend):
     # the served models do not return
     SERVES = {"causal-lm": frozenset({GENERATE, SCORE, FUSED_DECODE}), "encoder": frozenset({EMBED}),
               "cross-encoder": frozenset({RERANK}), "masked-diffusion": frozenset({DENOISE})}
+    takes_dtype = False  # each served model's dtype is in its config.pbtxt
+
+    @classmethod
+    def check_run(cls, settings: BackendSettings, needs: dict[str, tuple[str, tuple[str, ...]]]) -> None:
+        """Fail at start, not per query, when the server is down or lacks a model."""
+        if settings.triton is None:
+            raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
+        if settings.dtype != "float32":
+            raise ValueError("with --backend triton the dtype is set in the model's config.pbtxt, not --dtype")
+        for role, (name, ops) in sorted(needs.items()):
+            backend = cls(name, settings.triton)
+            backend.served_models()  # reachable, whatever it is asked for
+            backend.check(ops)
+
+    @classmethod
+    def model_identity(cls, model: str) -> str:
+        return f"triton:{model}"  # the weights are the server's: a run names what it asked for
 
     @classmethod
     def open(cls, model: str, settings: BackendSettings) -> "TritonBackend":

@@ -150,6 +150,11 @@ class VllmBackend(ModelBackend):
     fallback = "local"  # a vllm run's other models (cross-encoders, denoisers, encoders by default) run there
 
     @classmethod
+    def identity_extras(cls, settings: BackendSettings) -> dict[str, Any]:
+        # vLLM's pooling kernels: the same vectors to float32 rounding, not bit for bit
+        return {"embed_backend": "vllm"} if settings.vllm is not None and settings.vllm.embed else {}
+
+    @classmethod
     def serves(cls, model: str, settings: BackendSettings | None = None) -> frozenset[str]:
         from specrag.inference.models import model_spec
         kind = model_spec(model).kind

@@ -86,7 +86,8 @@ def cmd_build_datastore(args, flags) -> int:
     job.validate()
     options.view_as(ReplaceOptions).validate()
     corpus, runtime = options.view_as(CorpusOptions), options.view_as(RuntimeOptions)
-    if runtime.backend != "local":
+    from specrag import registry
+    if not registry.BACKENDS[runtime.runtime_config().backend].in_process:  # --backend or a --*-url that names one
         raise ValueError("build-datastore reads hidden states of the model: it runs on the local backend")
     model = runtime.models_by_role({"generator": "smollm2-135m-instruct"}, ("generator",),
                                    "build-datastore")["generator"]

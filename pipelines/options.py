@@ -131,7 +131,7 @@ class RuntimeOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        from specrag.transforms.runtime import DEFAULT_PREFIX_CACHE_MB
+        from specrag.transforms.runtime import default_prefix_cache_mb
         group = parser.add_argument_group("runtime (retrieval, engine)")
         _flag(group, "datastore_kind", default="flat", help="flat (exact) | hnsw")
         _flag(group, "triplets", help="triplet sets of the index's passages (`specrag extract-triplets` writes them; "
@@ -142,7 +142,7 @@ class RuntimeOptions(PipelineOptions):
                    "case): int8 (fbgemm; default), bf16 (AMX CPUs), fp32, or faiss (FAISS's own scan)")
         _flag(group, "prefix_cache_mb", type=int, default=None,
               help="prefix KV reuse: MiB of prompt and continuation KV each local LM keeps per worker (0: off; "
-                   f"default {DEFAULT_PREFIX_CACHE_MB} on the local backend, and a resumed run keeps its own); a "
+                   f"default {default_prefix_cache_mb('local')} on the local backend, and a resumed run keeps its own); a "
                    "request that extends an earlier one's tokens (RaLM and KNN-LM steps) prefills only the rest")
         _flag(group, "engine_batch", type=int, default=16, help="max requests per batched model call")
         _flag(group, "engine_wait", type=float, default=0.005, help="max seconds a request waits for a batch")

@@ -31,16 +31,14 @@ EXACT_SCANS = ("int8", "bf16", "fp32", "faiss")  # retrieval/exact_batch.py PREC
 # only when its method has the role, so RuntimeConfig() and every other job work without the extra
 ROLE_DEFAULT_MODELS = {"teacher": "qwen2.5-coder-1.5b-instruct"}
 
-# prefix KV reuse per local causal LM and worker when the CLI is not told (--prefix-cache-mb): RaLMSeq
-# on 2Wiki ran 1.65x faster with it (#68); a Triton model or vLLM keeps its own prefix cache
-DEFAULT_PREFIX_CACHE_MB = 256
 # the run identity's entry of a run with prefix reuse (segmented prefill); a run without has none
 PREFILL_KEY = "prefill_segments"
 
 
 def default_prefix_cache_mb(backend: str) -> int:
-    """The CLI's prefix reuse for a run that does not set it: on for the local backend only."""
-    return DEFAULT_PREFIX_CACHE_MB if backend == "local" else 0
+    """The CLI's prefix reuse for a run that does not set it: the backend's (on where specrag
+    keeps the KV in the worker; a server caches prefixes itself)."""
+    return registry.BACKENDS[backend].default_prefix_cache_mb
 
 
 # roles whose model specrag trains: how to get one
@@ -73,7 +71,8 @@ class RuntimeConfig:
     # or "faiss" for FAISS's own fp32 scan; every choice returns the exact fp32 top-k
     exact_scan: str = "int8"
     # prefix KV reuse of the local causal LMs (inference/prefix_cache.py): MiB per model and worker; 0 = off
-    # (the CLI's default is DEFAULT_PREFIX_CACHE_MB; this API's stays off, so a script's runs keep their identity)
+    # (the CLI's default is the backend's default_prefix_cache_mb; this API's stays off, so a script's runs keep
+    # their identity)
     prefix_cache_mb: int = 0
 
     def validate(self, needs: Mapping[str, tuple[str, ...]] | tuple[str, ...] = (), needs_retriever: bool = False,
@@ -97,13 +96,14 @@ class RuntimeConfig:
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)} (auto is resolved by the options), "
                              f"got {self.dtype!r}")
-        if self.dtype in LOCAL_ONLY_DTYPES and self.backend != "local":
+        backend = registry.BACKENDS[self.backend]
+        if self.dtype in LOCAL_ONLY_DTYPES and not backend.phase_dtypes:
             raise ValueError(f"--dtype {self.dtype} is the local backend's (its own forwards); --backend "
                              f"{self.backend} runs one dtype for every forward")
         registry.RETRIEVERS.check(self.retriever)
         if self.prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
-        if self.prefix_cache_mb and self.backend != "local":
+        if self.prefix_cache_mb and not backend.worker_prefix_cache:
             raise ValueError("--prefix-cache-mb applies to the local backend (a Triton model keeps its own cache; "
                              "vLLM caches prefixes itself)")
         if self.exact_scan not in EXACT_SCANS:
@@ -123,8 +123,7 @@ class RuntimeConfig:
             offered[role] = (name, f"{models[role]}, {KIND_NAMES[model_spec(models[role]).kind]},",
                              registry.BACKENDS[name].serves(models[role], settings))
         check_capabilities(method, needs, offered, elsewhere)
-        if self.backend == "triton":
-            self._check_triton({role: (models[role], ops) for role, ops in needs.items()})
+        backend.check_run(settings, {role: (models[role], ops) for role, ops in needs.items()})
         if needs_datastore:
             if not self.datastore_dir:
                 raise ValueError("the method retrieves per token: pass --datastore (built by `specrag build-datastore`)")
@@ -150,8 +149,7 @@ class RuntimeConfig:
         model's kind and names a ``fallback`` (vLLM serves causal LMs: a vllm run's encoders,
         cross-encoders and denoisers run on the local backend)."""
         backend = registry.BACKENDS[self.backend]
-        fallback = getattr(backend, "fallback", None)
-        return fallback if fallback and not backend.serves(model, self.settings()) else self.backend
+        return backend.fallback if backend.fallback and not backend.serves(model, self.settings()) else self.backend
 
     def settings(self) -> BackendSettings:
         """What this run's backends are opened with."""
@@ -159,18 +157,6 @@ class RuntimeConfig:
 
     def scan_precision(self) -> str | None:
         return None if self.exact_scan == "faiss" else self.exact_scan
-
-    def _check_triton(self, needs: dict[str, tuple[str, tuple[str, ...]]]) -> None:
-        """Fail at start, not per query, when the server is down or lacks a model."""
-        if self.triton is None:
-            raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
-        if self.dtype != "float32":
-            raise ValueError("with --backend triton the dtype is set in the model's config.pbtxt, not --dtype")
-        from specrag.inference.triton import TritonBackend
-        for role, (name, ops) in sorted(needs.items()):
-            backend = TritonBackend(name, self.triton)
-            backend.served_models()  # reachable, whatever it is asked for
-            backend.check(ops)
 
     def with_roles(self, roles: tuple[str, ...]) -> "RuntimeConfig":
         """Only the model roles a method uses (so unused models are never loaded)."""
@@ -183,10 +169,9 @@ class RuntimeConfig:
     def identity(self) -> dict[str, Any]:
         """What makes two runs' results comparable: models (weight hashes), backend, dtype,
         retriever with its index fingerprint, datastore fingerprint."""
-        from specrag.inference.models import model_identity
         from specrag.inference.prefix_cache import BLOCK_TOKENS
-        models = {role: (f"triton:{name}" if self.backend == "triton" else model_identity(name))
-                  for role, name in sorted(self.models)}
+        backend = registry.BACKENDS[self.backend]
+        models = {role: backend.model_identity(name) for role, name in sorted(self.models)}
         return {"models": models, "backend": self.backend, "dtype": self.dtype,
                 "retriever": self.retriever if self.index_dir else None,
                 "index": _folder_fingerprint(self.index_dir),
@@ -195,8 +180,7 @@ class RuntimeConfig:
                 "triplets": _folder_fingerprint(self.triplets_dir),
                 # segmented prefill (prefix KV reuse) can differ from one forward in the last bits
                 **({PREFILL_KEY: f"prompt+{BLOCK_TOKENS}"} if self.prefix_cache_mb else {}),
-                # vLLM's pooling kernels: the same vectors to float32 rounding, not bit for bit
-                **({"embed_backend": "vllm"} if self.vllm is not None and self.vllm.embed else {})}
+                **backend.identity_extras(self.settings())}
 
 
 def _manifest(folder: str, what: str, build: str) -> dict:
@@ -315,7 +299,7 @@ def worker_setup(config: RuntimeConfig) -> None:
     from specrag.transforms.worker_guard import exit_when_orphaned, is_sdk_worker_process
     if is_sdk_worker_process():  # a killed job's local workers must not go on computing
         exit_when_orphaned()
-    if any(config.backend_for(model) == "local" for _, model in config.models):
+    if any(registry.BACKENDS[config.backend_for(model)].in_process for _, model in config.models):
         from specrag.inference.local_base import set_torch_threads
         set_torch_threads(config.num_threads)
 

@@ -176,7 +176,8 @@ def test_prefix_reuse_is_on_by_default_on_the_local_backend_and_a_resumed_run_ke
     from apache_beam.options.pipeline_options import PipelineOptions
     from specrag.pipelines.answer import answer_job_from_flags
     from specrag.pipelines.options import RuntimeOptions
-    from specrag.transforms.runtime import DEFAULT_PREFIX_CACHE_MB
+    from specrag.transforms.runtime import default_prefix_cache_mb
+    DEFAULT_PREFIX_CACHE_MB = default_prefix_cache_mb("local")
     cache = lambda *flags: PipelineOptions(list(flags)).view_as(RuntimeOptions).runtime_config().prefix_cache_mb  # noqa: E731
     assert (cache(), cache("--backend=vllm"), cache("--prefix-cache-mb=0")) == (DEFAULT_PREFIX_CACHE_MB, 0, 0)
     out = tmp_path / "out"
