@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import threading
 import uuid
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ class VllmConfig:
     eager: bool = False  # a started server skips torch.compile (starts in seconds, runs slower)
     max_inflight_batches: int = 64  # engine batches of one model in flight at once
     embed: bool = False  # encoders' embed on vLLM's pooling runner too (else they run locally)
+    # a batch-invariant row (a RaLM step) reuses the cached blocks of rows with the same prompt (same
+    # question and document) instead of prefilling it again: exact in every run measured, not by
+    # construction (docs/guide/vllm.md)
+    step_cache: bool = False
 
     def __post_init__(self):
         if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.max_inflight_batches < 1:
@@ -151,8 +156,11 @@ class VllmBackend(ModelBackend):
 
     @classmethod
     def identity_extras(cls, settings: BackendSettings) -> dict[str, Any]:
-        # vLLM's pooling kernels: the same vectors to float32 rounding, not bit for bit
-        return {"embed_backend": "vllm"} if settings.vllm is not None and settings.vllm.embed else {}
+        vllm = settings.vllm
+        # vLLM's pooling kernels: the same vectors to float32 rounding, not bit for bit; a step whose
+        # prompt is cached runs other kernels than one prefilled whole
+        return {**({"embed_backend": "vllm"} if vllm is not None and vllm.embed else {}),
+                **({"vllm_step_cache": True} if vllm is not None and vllm.step_cache else {})}
 
     @classmethod
     def serves(cls, model: str, settings: BackendSettings | None = None) -> frozenset[str]:
@@ -248,8 +256,10 @@ class VllmBackend(ModelBackend):
         body = {"prompt": prompt, "max_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p,
                 "seed": r.seed, "stop": list(r.stop), "stop_token_ids": self._eos, "logprobs": 0,
                 "return_tokens_as_token_ids": True, "skip_special_tokens": True}
-        if r.batch_invariant:  # alone, and computed afresh: a cached prefix's KV came from another shape
-            body["cache_salt"] = uuid.uuid4().hex
+        if r.batch_invariant:  # alone; computed afresh, as a cached prefix's KV came from another shape
+            # (with step_cache: from the rows of the same prompt, a RaLM request's earlier steps)
+            body["cache_salt"] = hashlib.sha256(repr(prompt[:len(prompt) - len(r.continuation_ids)]).encode()
+                                                ).hexdigest()[:32] if self.config.step_cache else uuid.uuid4().hex
         async with self._gate.enter(alone=r.batch_invariant):
             choice = (await self._post(body))["choices"][0]
         ids = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]

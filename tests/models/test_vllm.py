@@ -6,6 +6,7 @@ server per test process: the backend's own per-process cache (``load_backend``) 
 Beam worker's would."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -114,20 +115,22 @@ def test_a_method_needing_what_vllm_lacks_is_refused_at_start(demo_tables, demo_
         runtime.validate(method.needs, method="method 'aed-rag'")
 
 
-@pytest.mark.parametrize("retriever", ["bm25", "dense"])
-def test_ralmspec_on_vllm_equals_ralmseq(retriever, vllm_backend, demo_tables, demo_index, tmp_path):
+@pytest.mark.parametrize("retriever, step_cache", [("bm25", False), ("dense", False), ("bm25", True)])
+def test_ralmspec_on_vllm_equals_ralmseq(retriever, step_cache, vllm_backend, demo_tables, demo_index, tmp_path):
     """RaLMSpec with its extras gives RaLMSeq's output token for token on vLLM, over BM25 and over
     exact dense search (its cache ranks by the dot product, its verification embeds and searches
     a round's queries in one batch): its generations are batch-invariant requests, which run
-    alone in the engine and skip the prefix cache."""
+    alone in the engine and skip the prefix cache — or, with step_cache, reuse the blocks of their
+    own prompt (question and document) that earlier steps left there."""
     common = dict(stride=4, max_new_tokens=16, doc_max_tokens=48, query_tokens=32)
     outputs = {}
     for name, extra in (("ralmseq", {}), ("ralmspec", dict(prefetch=True, os3=True, async_verification=True,
                                                            sequential_fallback=False))):
         method = create_method(name, **common, **extra)
         out = tmp_path / name
+        config = dataclasses.replace(CONFIG, step_cache=step_cache)
         runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), retriever=retriever,
-                                vllm=CONFIG).with_roles(method.model_roles)
+                                vllm=config).with_roles(method.model_roles)
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=8))
         rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
         outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
