@@ -143,13 +143,9 @@ def progress_line(job: str, done: int, dead: int, total: int | None, rate: float
             parts.append(f"ETA {_duration((total - finished) / rate)}")
     if in_flight is not None:
         parts.append(f"{in_flight} in flight")
-    parts.append(dead_letters(dead))
+    parts.append(count(dead, "dead letter"))
     return " · ".join(parts)
 
-
-def dead_letters(n: int) -> str:
-    """`1 dead letter`, `3 dead letters`."""
-    return count(n, "dead letter")
 
 
 class ProgressWatcher:
@@ -205,7 +201,7 @@ class ProgressWatcher:
         self.poll()
         if self.interval_s <= 0:
             return
-        dead = dead_letters(self.counts["dead"])
+        dead = count(self.counts["dead"], "dead letter")
         if failed:
             print(f"{self.job}: stopped after {self.counts['done']} {self.unit}, {dead} (the job failed)",
                   file=self.stream, flush=True)
