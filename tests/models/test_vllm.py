@@ -37,6 +37,20 @@ def vllm_backend():
     return load_backend("vllm", MODEL, 1, "float32", vllm=CONFIG)
 
 
+@pytest.fixture(autouse=True)
+def only_the_modules_server_outlives_a_test():
+    """Each server a test starts beyond the module's (a verifier's, another config's, an
+    embedder's) is stopped after it: left running, they added up to 0.7 GiB free on a 23 GiB
+    machine beside the other test worker, and the next server refused its KV cache."""
+    yield
+    from specrag.transforms import runtime as cache
+    kept = ("vllm", MODEL, 1, "float32", None, 0, CONFIG)
+    for key in [k for k in cache._BACKENDS if k[0] == "vllm" and k != kept]:
+        if (server := cache._BACKENDS.pop(key).server) is not None:
+            server.stop()
+    cache._SERVICES.clear()  # rebuilt on next use from the backends still cached
+
+
 def test_greedy_generations_and_scores_agree_with_the_local_backend(vllm_backend, generator):
     """Same model, same dtype (float32), the same token ids in (the local tokenizer and chat
     template): greedy answers agree, and a continuation's log-probabilities match to rounding."""
@@ -151,30 +165,23 @@ def test_the_embedder_on_vllms_pooling_runner_retrieves_as_the_local_one(demo_ta
     assert RuntimeConfig(backend="vllm", vllm=embed).backend_for(embedder) == "vllm"
     with pytest.raises(ValueError, match="--vllm-embed starts an embedding server"):
         VllmConfig(url="http://127.0.0.1:8000", embed=True)
-    try:
-        texts = ["Paris is the capital of France.", "The Eiffel Tower " * 200, "x"]
-        served = load_backend("vllm", embedder, 1, "float32", vllm=embed)
-        assert served.capabilities == {"embed"}
-        vectors, local = served.embed(texts), load_backend("local", embedder, 1, "float32").embed(texts)
-        assert vectors.shape == local.shape and np.abs(vectors - local).max() < 1e-5
+    texts = ["Paris is the capital of France.", "The Eiffel Tower " * 200, "x"]
+    served = load_backend("vllm", embedder, 1, "float32", vllm=embed)
+    assert served.capabilities == {"embed"}
+    vectors, local = served.embed(texts), load_backend("local", embedder, 1, "float32").embed(texts)
+    assert vectors.shape == local.shape and np.abs(vectors - local).max() < 1e-5
 
-        method = create_method("standard", top_k=3, max_new_tokens=8)
-        retrieved = {}
-        for backend, extra in (("vllm", {"vllm": embed}), ("local", {})):
-            runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), retriever="dense",
-                                    **extra).with_roles(method.model_roles)
-            out = tmp_path / backend
-            run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=6))
-            rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
-            retrieved[backend] = {r["id"]: [step["doc_ids"] for step in r["retrieved"]] for r in rows}
-        assert len(retrieved["local"]) == 6 and retrieved["vllm"] == retrieved["local"]
-        assert json.loads((tmp_path / "vllm" / "identity.json").read_text())["embed_backend"] == "vllm"
-    finally:  # this test's servers (MiniLM's, and a generator's under its config) are not the module's
-        from specrag.transforms import runtime as cache
-        for key in [k for k in cache._BACKENDS if k[-1] == embed]:
-            cache._BACKENDS.pop(key).server.stop()
-        for config in [c for c in cache._SERVICES if c.vllm == embed]:
-            cache._SERVICES.pop(config)
+    method = create_method("standard", top_k=3, max_new_tokens=8)
+    retrieved = {}
+    for backend, extra in (("vllm", {"vllm": embed}), ("local", {})):
+        runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), retriever="dense",
+                                **extra).with_roles(method.model_roles)
+        out = tmp_path / backend
+        run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=6))
+        rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
+        retrieved[backend] = {r["id"]: [step["doc_ids"] for step in r["retrieved"]] for r in rows}
+    assert len(retrieved["local"]) == 6 and retrieved["vllm"] == retrieved["local"]
+    assert json.loads((tmp_path / "vllm" / "identity.json").read_text())["embed_backend"] == "vllm"
 
 
 def test_a_request_past_its_timeout_fails_alone_with_vllm_timeout(vllm_backend):
