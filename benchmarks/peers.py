@@ -316,12 +316,12 @@ def main() -> int:
         from specrag.transforms.runtime import RuntimeConfig, load_backend
         from specrag.inference.vllm import VllmConfig
         kind = "vllm" if system.endswith("_vllm") else "local"
-        vllm = VllmConfig() if kind == "vllm" else None
+        vllm = (VllmConfig(),) if kind == "vllm" else ()
         runtime = RuntimeConfig(backend=kind, models=(("generator", model_name),), index_dir=str(work / "index"),
-                                retriever="bm25", num_threads=args.threads, dtype=args.dtype, vllm=vllm,
+                                retriever="bm25", num_threads=args.threads, dtype=args.dtype, backend_configs=vllm,
                                 engine=EngineConfig(max_batch=args.batch, max_wait_s=0.005))
         started = time.perf_counter()
-        worker_model = load_backend(kind, model_name, args.threads, args.dtype, vllm=vllm)  # the job reuses it
+        worker_model = load_backend(kind, model_name, args.threads, args.dtype, configs=vllm)  # the job reuses it
         loads[system] = time.perf_counter() - started
         out = work / system
         start = time.perf_counter()

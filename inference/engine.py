@@ -37,10 +37,11 @@ import traceback
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from specrag import registry
 from specrag.inference.batcher import WAIT_CLOCK, WAITING, MicroBatcher
 from specrag.inference.capabilities import MissingCapability
 from specrag.inference.trace import Trace
@@ -68,15 +69,31 @@ class EngineConfig:
             raise ValueError("max_wait_s and queue_timeout_s must be >= 0, stage_timeout_s > 0")
 
 
+C = TypeVar("C")
+
+
 @dataclass(frozen=True)
 class BackendSettings:
-    """What a backend is opened with (``ModelBackend.open``); each backend takes the parts it uses."""
+    """What a backend is opened with (``ModelBackend.open``); each backend takes the parts it uses.
+
+    ``configs``: the backends' own configurations, each a frozen dataclass of its backend's module
+    (``TritonConfig``, ``VllmConfig``, ...) that ``ModelBackend.config_from_options`` made from
+    the backend's flags; a backend finds its own by type (``config_of``), so a new backend adds
+    its settings without a field here."""
 
     num_threads: int = 1
     dtype: str = "float32"
-    triton: Any = None  # a TritonConfig: where the models are served (backend "triton")
     prefix_cache_mb: int = 0  # prefix KV reuse of a local causal LM, MiB per model and process
-    vllm: Any = None  # a VllmConfig: where vLLM runs (backend "vllm")
+    configs: tuple[Any, ...] = ()
+
+    def config_of(self, kind: type[C]) -> C | None:
+        """The configuration of type ``kind`` among ``configs`` (None: the run gave none)."""
+        return config_of(self.configs, kind)
+
+
+def config_of(configs: tuple[Any, ...], kind: type[C]) -> C | None:
+    """The configuration of type ``kind`` in a tuple of backends' configurations, or None."""
+    return next((c for c in configs if isinstance(c, kind)), None)
 
 
 class ModelBackend(Protocol):
@@ -108,6 +125,18 @@ class ModelBackend(Protocol):
     phase_dtypes: bool = False
     worker_prefix_cache: bool = False
     default_prefix_cache_mb: int = 0
+
+    @classmethod
+    def add_options(cls, flag: Callable[..., None]) -> None:
+        """Declares this backend's own flags: ``flag(option, **argparse_kwargs)`` adds
+        ``--BACKEND-OPTION`` (``--vllm-url``) to every job with models, in the models group."""
+
+    @classmethod
+    def config_from_options(cls, value: Callable[[str], Any], chosen: bool) -> Any | None:
+        """This backend's configuration (a frozen dataclass; None: it needs none) from the
+        values of its flags (``value(option)``); ``chosen``: the run's --backend names it. A
+        flag that has no effect unless the backend is chosen is refused when it is not."""
+        return None
 
     @classmethod
     def open(cls, model: str, settings: BackendSettings) -> "ModelBackend":
@@ -160,11 +189,28 @@ class Services:
     resources: dict[str, Any] = field(default_factory=dict)
 
 
-# what a user passes to provide a resource a method reads
-RESOURCE_HINTS = {
-    "datastore": "this method retrieves per token, but no KNN-LM datastore was configured (--datastore)",
-    "triplets": "this method reads triplet sets: pass --triplets (built by `specrag extract-triplets`)",
-}
+class MethodResource(Protocol):
+    """What a method reads beside its models and its retriever (KNN-LM's datastore, AED-RAG's
+    triplet sets): named in ``registry.RESOURCES``, declared by the methods that read it
+    (``Method.resources``), asked for by name in a stage (``ctx.resource(name)``). Its folder is
+    the run's ``RuntimeConfig`` field ``folder_field`` (set by its flag); the class checks the
+    folder at start, opens it once per worker process and says what of it decides results."""
+
+    folder_field: str  # the RuntimeConfig field that holds its folder, e.g. "datastore_dir"
+    missing: str  # what the user passes to provide it: "... reads triplet sets: pass --triplets ..."
+
+    @classmethod
+    def check(cls, folder: str, runtime: Any) -> None:
+        """Refuse, before any work, a folder that is not one (the run's RuntimeConfig ``runtime``)."""
+
+    @classmethod
+    def open(cls, folder: str, runtime: Any) -> Any:
+        """The resource a stage reads, opened once per worker process."""
+
+    @classmethod
+    def identity_extras(cls, folder: str | None, runtime: Any) -> dict[str, Any]:
+        """What else of it decides a run's results, beside its folder's fingerprint."""
+        return {}
 
 
 class StageTimeout(TimeoutError):
@@ -441,7 +487,7 @@ class Engine:
         batcher = self._batchers.get(key)
         if batcher is not None:
             return batcher
-        if target == "retriever" or target in self.services.resources or target in RESOURCE_HINTS:
+        if target == "retriever" or target in self.services.resources or target in registry.RESOURCES:
             holder = self.retriever() if target == "retriever" else self.resource(target)
             call = getattr(holder, op)
             max_batch, inflight, cancel = self.config.retrieval_max_batch, 1, None
@@ -479,8 +525,10 @@ class Engine:
     def resource(self, name: str) -> Any:
         found = self.services.resources.get(name)
         if found is None:
-            raise RuntimeError(RESOURCE_HINTS.get(name, f"this method reads the resource {name!r}, which no "
-                                                        f"option configured (have: {sorted(self.services.resources)})"))
+            if name in registry.RESOURCES:
+                raise RuntimeError(f"this method {registry.RESOURCES[name].missing}")
+            raise RuntimeError(f"this method reads the resource {name!r}, which no option configured "
+                               f"(have: {sorted(self.services.resources)})")
         return found
 
     def model(self, role: str) -> ModelBackend:

@@ -144,6 +144,13 @@ def _message(e: BaseException) -> str:
     return str(msg() if callable(msg) else msg or e)
 
 
+def _config(settings: BackendSettings) -> TritonConfig:
+    config = settings.config_of(TritonConfig)
+    if config is None:
+        raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
+    return config
+
+
 class TritonBackend(ModelBackend):
     """ModelBackend for one set of weights (e.g. gemma3-270m) served by a Triton server."""
 
@@ -157,14 +164,27 @@ class TritonBackend(ModelBackend):
     takes_dtype = False  # each served model's dtype is in its config.pbtxt
 
     @classmethod
+    def add_options(cls, flag) -> None:
+        flag("url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
+        flag("timeout", type=float, default=300.0, help="seconds per Triton request")
+        flag("retries", type=int, default=3, help="retries (exponential backoff) while the server is unavailable "
+                                                  "or overloaded")
+
+    @classmethod
+    def config_from_options(cls, value, chosen: bool) -> TritonConfig | None:
+        if not (chosen or value("url")):
+            return None
+        return TritonConfig(url=value("url") or TritonConfig().url, timeout_s=value("timeout"),
+                            retries=value("retries"))
+
+    @classmethod
     def check_run(cls, settings: BackendSettings, needs: dict[str, tuple[str, tuple[str, ...]]]) -> None:
         """Fail at start, not per query, when the server is down or lacks a model."""
-        if settings.triton is None:
-            raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
+        config = _config(settings)
         if settings.dtype != "float32":
             raise ValueError("with --backend triton the dtype is set in the model's config.pbtxt, not --dtype")
         for role, (name, ops) in sorted(needs.items()):
-            backend = cls(name, settings.triton)
+            backend = cls(name, config)
             backend.served_models()  # reachable, whatever it is asked for
             backend.check(ops)
 
@@ -174,9 +194,7 @@ class TritonBackend(ModelBackend):
 
     @classmethod
     def open(cls, model: str, settings: BackendSettings) -> "TritonBackend":
-        if settings.triton is None:
-            raise ValueError("backend 'triton' needs a server: pass --triton-url grpc://host:port")
-        return cls(model, settings.triton)
+        return cls(model, _config(settings))
 
     @classmethod
     def serves(cls, model: str, settings: BackendSettings | None = None) -> frozenset[str]:

@@ -155,8 +155,30 @@ class VllmBackend(ModelBackend):
     fallback = "local"  # a vllm run's other models (cross-encoders, denoisers, encoders by default) run there
 
     @classmethod
+    def add_options(cls, flag) -> None:
+        flag("url", help="http://host:port of a running vLLM OpenAI server (default: the vllm backend starts one "
+                         "per worker process and model from .venv-vllm)")
+        flag("kv_cache_gb", type=int, default=1, help="the paged KV cache of each vLLM server the backend starts, GiB")
+        flag("embed", action="store_true",
+             help="with --backend vllm, embed with vLLM's pooling runner too (a server of the embedder's own; "
+                  "default: the embedder runs in the worker)")
+        flag("step_cache", action="store_true",
+             help="with --backend vllm, a RaLM step reuses vLLM's cached blocks of its own prompt (the question "
+                  "and document) instead of prefilling it again: RaLMSeq 1.37x faster, RaLMSpec equal to it in "
+                  "every run measured, not by construction (docs/guide/vllm.md)")
+
+    @classmethod
+    def config_from_options(cls, value, chosen: bool) -> VllmConfig | None:
+        if chosen or value("url"):
+            return VllmConfig(url=value("url"), kv_cache_gb=value("kv_cache_gb"), embed=value("embed"),
+                              step_cache=value("step_cache"))
+        if value("embed") or value("step_cache"):
+            raise ValueError(f"--vllm-{'embed' if value('embed') else 'step-cache'} is an option of --backend vllm")
+        return None
+
+    @classmethod
     def identity_extras(cls, settings: BackendSettings) -> dict[str, Any]:
-        vllm = settings.vllm
+        vllm = settings.config_of(VllmConfig)
         # vLLM's pooling kernels: the same vectors to float32 rounding, not bit for bit; a step whose
         # prompt is cached runs other kernels than one prefilled whole
         return {**({"embed_backend": "vllm"} if vllm is not None and vllm.embed else {}),
@@ -168,12 +190,13 @@ class VllmBackend(ModelBackend):
         kind = model_spec(model).kind
         if kind == "causal-lm":
             return frozenset({GENERATE, SCORE})
-        vllm = settings.vllm if settings is not None else None
+        vllm = settings.config_of(VllmConfig) if settings is not None else None
         return frozenset({EMBED}) if kind == "encoder" and vllm is not None and vllm.embed else frozenset()
 
     @classmethod
     def open(cls, model: str, settings: BackendSettings) -> "VllmBackend":
-        return cls(model, settings.vllm or VllmConfig(), dtype=settings.dtype, threads=settings.num_threads)
+        return cls(model, settings.config_of(VllmConfig) or VllmConfig(), dtype=settings.dtype,
+                   threads=settings.num_threads)
 
     def __init__(self, model: str, config: VllmConfig = VllmConfig(), *, dtype: str = "float32", threads: int = 1):
         from transformers import AutoTokenizer, GenerationConfig
@@ -181,7 +204,7 @@ class VllmBackend(ModelBackend):
         from specrag.inference.models import materialise, model_spec
         from specrag.wording import a
         spec = model_spec(model)
-        self.capabilities = self.serves(model, BackendSettings(threads, dtype, vllm=config))
+        self.capabilities = self.serves(model, BackendSettings(threads, dtype, configs=(config,)))
         if not self.capabilities:
             raise ValueError(f"the vllm backend serves causal LMs (and encoders with --vllm-embed); {model} is "
                              f"{a(spec.kind)} model")

@@ -401,6 +401,33 @@ def read_json(path: str) -> Any:
         raise ValueError(f"{path} is not valid JSON ({e}); the folder's run or index is damaged") from None
 
 
+def read_manifest(folder: str, what: str, build: str) -> dict:
+    """A built folder's manifest (an index's, a datastore's, a triplet folder's), through
+    FileSystems (the folder may be remote); ``what`` names the folder, ``build`` the command that
+    makes one, both for the error of a folder that is not one."""
+    from specrag.wording import a
+    path = join(folder, "manifest.json")
+    if not exists(path):
+        raise ValueError(f"{folder} is not {a(what)} (no manifest.json); build one with `{build}`")
+    manifest = read_json(path)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} is not a manifest (a JSON {type(manifest).__name__}); build the {what} again "
+                         f"with `{build}`")
+    return manifest
+
+
+def manifest_kinds(folder: str, what: str, build: str) -> dict:
+    """The kinds an index's or datastore's manifest lists; another job's manifest (a results
+    folder's, a triplet folder's) is named as such, not a KeyError."""
+    from specrag.wording import a
+    manifest = read_manifest(folder, what, build)
+    if not isinstance(manifest.get("kinds"), dict):
+        job = manifest.get("job")
+        raise ValueError(f"{folder} is not {a(what)}: its manifest.json is "
+                         f"{'a `specrag ' + job + '` manifest' if job else 'not one'}; build one with `{build}`")
+    return manifest["kinds"]
+
+
 def identity_differences(earlier: dict, now: dict, prefix: str = "") -> list[str]:
     """'key: earlier -> now' for every part that differs (nested keys joined by dots)."""
     out = []

@@ -212,7 +212,7 @@ class AEDRAG(Method):
     trace_class = AEDRAGTrace
     state_class = AEDState
     needs_retriever = True
-    needs_triplets = True
+    resources = ("triplets",)
     task_types = ("short_form",)  # the paper's prompt asks for an answer in a few words
 
     def __init__(self, config: MethodConfig | None = None, **overrides):
@@ -224,7 +224,7 @@ class AEDRAG(Method):
             (RERANK,) if self.config.predictor == "trained" else (EMBED,)
         self.needs = needs
         self.model_roles = tuple(needs)
-        self.needs_triplets = self.config.triplets and self.config.fusion
+        self.resources = ("triplets",) if self.config.triplets and self.config.fusion else ()
 
     def stages(self):
         c = self.config
@@ -312,11 +312,11 @@ class AEDLabel(Method):
     needs = {"generator": (GENERATE, SCORE)}
     trace_class = AEDLabelTrace
     needs_retriever = True
-    needs_triplets = True
+    resources = ("triplets",)
 
     def __init__(self, config: MethodConfig | None = None, **overrides):
         super().__init__(config, **overrides)
-        self.needs_triplets = self.config.triplets
+        self.resources = ("triplets",) if self.config.triplets else ()
 
     def stages(self):
         return [Retrieve(self.config.top_k), LabelUnits(self.config)]

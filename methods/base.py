@@ -111,8 +111,9 @@ class Method:
     state_class: ClassVar[type | None] = None  # carried between stages (a dataclass)
     trace_class: ClassVar[type | None] = None  # reported per query: the results' ``trace`` column
     needs_retriever: ClassVar[bool] = False
-    needs_datastore: ClassVar[bool] = False  # token-level retrieval (KNN-LM)
-    needs_triplets: ClassVar[bool] = False  # triplet sets of retrieved passages (AED-RAG)
+    # what it reads beside its models and retriever (names in registry.RESOURCES, each a folder the
+    # run gives and a stage asks for with ctx.resource): KNN-LM's ("datastore",), AED-RAG's ("triplets",)
+    resources: ClassVar[tuple[str, ...]] = ()
     # the task types the method answers (None: every one); a query of another type is a dead
     # letter at validation, and `specrag compare` skips a dataset with none it answers
     task_types: ClassVar[tuple[str, ...] | None] = None

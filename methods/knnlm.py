@@ -221,7 +221,7 @@ class KNNLM(Method):
     name = "knnlm"
     config_class = KNNLMConfig
     needs = {"generator": (NEXT_TOKEN,)}
-    needs_datastore = True
+    resources = ("datastore",)
     trace_class = TokenTrace
 
     def stages(self):
@@ -232,7 +232,7 @@ class KNNLMSpec(Method):
     name = "knnlm-spec"
     config_class = KNNLMSpecConfig
     needs = {"generator": (NEXT_TOKEN,)}
-    needs_datastore = True
+    resources = ("datastore",)
     trace_class = SpeculationTrace
 
     def stages(self):

@@ -70,8 +70,8 @@ class AnswerJob:
     start_line: str = ""  # said once the job starts (the CLI's: worker processes x threads)
 
     def validate(self) -> None:
-        self.runtime.validate(self.method.needs, self.method.needs_retriever, self.method.needs_datastore,
-                              method=f"method {self.method.name!r}", needs_triplets=self.method.needs_triplets)
+        self.runtime.validate(self.method.needs, self.method.needs_retriever, method=f"method {self.method.name!r}",
+                              resources=self.method.resources)
         if self.batch_size < 1 or self.num_shards < 1:
             raise ValueError("batch_size and num_shards must be >= 1")
         if not 0.0 <= self.max_failure_fraction <= 1.0:

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
@@ -25,8 +26,6 @@ import pyarrow.parquet as pq
 from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.ml.inference.base import RunInference
 
-from specrag.inference.triton import TritonConfig
-from specrag.inference.vllm import VllmConfig
 from specrag.pipelines.manifest import write_manifest
 from specrag.pipelines.options import dataflow_template, new_pipeline
 from specrag.retrieval.base import passage_text
@@ -112,8 +111,8 @@ class IndexFinish:
 def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str = "all-minilm-l6-v2",
                     num_threads: int = 1, beam_args: tuple[str, ...] = ("--runner=FnApiRunner",),
                     dense_params: dict[str, dict] | None = None, backend: str = "local",
-                    triton: TritonConfig | None = None, embeddings: str | None = None, overwrite: bool = False,
-                    max_failure_fraction: float = 1.0, vllm: VllmConfig | None = None) -> dict:
+                    backend_configs: tuple[Any, ...] = (), embeddings: str | None = None, overwrite: bool = False,
+                    max_failure_fraction: float = 1.0) -> dict:
     """Build the index folder ``index_dir`` from the corpus; returns the build manifest.
 
     An existing index is replaced only with ``overwrite`` (and comes back if the rebuild fails);
@@ -126,8 +125,8 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
     """
     expand_tables(corpus, PASSAGE_COLUMNS, "corpus")  # before the folder is touched
     build = functools.partial(_build_index, corpus, str(index_dir), kinds, embedder=embedder, num_threads=num_threads,
-                              beam_args=beam_args, dense_params=dense_params, backend=backend, triton=triton,
-                              vllm=vllm, embeddings=embeddings)
+                              beam_args=beam_args, dense_params=dense_params, backend=backend,
+                              backend_configs=backend_configs, embeddings=embeddings)
     if dataflow_template(beam_args):  # the job's graph written for Dataflow: the folder is not touched
         return build()
     folder = RunFolder(str(index_dir), INDEX)
@@ -181,7 +180,7 @@ def _index_graph(p, corpus: str, index_dir: str, kinds: list[str], *, embedder: 
 
 def _build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str, num_threads: int,
                  beam_args: tuple[str, ...], dense_params: dict[str, dict] | None, backend: str,
-                 triton: TritonConfig | None, vllm: VllmConfig | None, embeddings: str | None) -> dict:
+                 backend_configs: tuple[Any, ...], embeddings: str | None) -> dict:
     bad = set(kinds) - set(KINDS)
     if bad or not kinds:
         raise ValueError(f"--kinds must name some of {', '.join(KINDS)}; got {kinds}")
@@ -190,8 +189,8 @@ def _build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: str
     precomputed = sorted({f for pattern in patterns for f in expand_inputs(pattern)})
     if precomputed and not dense:
         raise ValueError("--embeddings (precomputed vectors) needs a dense kind in --kinds")
-    handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads, triton=triton,
-                                  vllm=vllm) if dense else None
+    handler = BackendModelHandler(backend, embedder, "embed", num_threads=num_threads,
+                                  configs=backend_configs) if dense else None
     inputs = expand_inputs(corpus)
     blocks = max(1, -(-(count_rows(inputs) or 0) // EMBED_BLOCK_ROWS))
     index_dir = str(index_dir)

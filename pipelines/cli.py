@@ -55,7 +55,7 @@ def cmd_build_index(args, flags) -> int:
     config = runtime.runtime_config()
     manifest = run_build_index(corpus.corpus, runtime.index, kinds, embedder=embedder, num_threads=runtime.threads,
                                beam_args=beam_args, dense_params=dense_params, backend=config.backend_for(embedder),
-                               triton=config.triton, vllm=config.vllm,
+                               backend_configs=config.backend_configs,
                                embeddings=options.view_as(BuildIndexOptions).embeddings, **_replace(options))
     if "template" in manifest:
         print(_template_line(manifest))
@@ -237,7 +237,7 @@ def cmd_extract_triplets(args, flags) -> int:
     remote = runtime.runtime_config()
     config = ExtractorConfig(extractor=x.extractor, backend=runtime.backend, model=model, max_chars=x.max_chars,
                              resolve_title_pronouns=not x.keep_pronouns, max_new_tokens=x.max_new_tokens_triplets,
-                             num_threads=runtime.threads, triton=remote.triton, vllm=remote.vllm)
+                             num_threads=runtime.threads, backend_configs=remote.backend_configs)
     job = ExtractJob(options.view_as(CorpusOptions).corpus, o.output, config, beam_args=beam_args,
                      batch_size=x.extract_batch, shard_passages=x.shard_passages, resume=o.resume,
                      overwrite=r.overwrite, bad_files=o.bad_files, max_failure_fraction=r.max_failure_fraction)

@@ -18,11 +18,13 @@ Example usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from dataclasses import dataclass
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from specrag import registry
 from specrag.wording import count
 
 def in_process_runner(options: PipelineOptions) -> bool:
@@ -49,6 +51,14 @@ def _flag(parser, name: str, **kwargs) -> None:
     parser.add_argument(*names, dest=name, **kwargs)
 
 
+def _backend_flag(parser, backend: str, option: str, **kwargs) -> None:
+    _flag(parser, f"{backend}_{option}".replace("-", "_"), **kwargs)
+
+
+def _backend_value(options: PipelineOptions, backend: str, option: str):
+    return getattr(options, f"{backend}_{option}".replace("-", "_"))
+
+
 def _missing(options: PipelineOptions, job: str, names: tuple[str, ...]) -> None:
     missing = [f"--{n.replace('_', '-')}" for n in names if getattr(options, n) in (None, "")]
     if missing:
@@ -65,21 +75,8 @@ class ModelOptions(PipelineOptions):
         _flag(group, "backend", default="local",
               help="local: models in the worker process; triton: a Triton server (--triton-url); vllm: vLLM's "
                    "engine, a server per worker process (make install-vllm) or --vllm-url")
-        _flag(group, "triton_url", help="grpc://host:port (default grpc://127.0.0.1:8001) or http://host:port")
-        _flag(group, "triton_timeout", type=float, default=300.0, help="seconds per Triton request")
-        _flag(group, "triton_retries", type=int, default=3,
-              help="retries (exponential backoff) while the server is unavailable or overloaded")
-        _flag(group, "vllm_url", help="http://host:port of a running vLLM OpenAI server (default: the vllm backend "
-                                      "starts one per worker process and model from .venv-vllm)")
-        _flag(group, "vllm_kv_cache_gb", type=int, default=1,
-              help="the paged KV cache of each vLLM server the backend starts, GiB")
-        _flag(group, "vllm_embed", action="store_true",
-              help="with --backend vllm, embed with vLLM's pooling runner too (a server of the embedder's own; "
-                   "default: the embedder runs in the worker)")
-        _flag(group, "vllm_step_cache", action="store_true",
-              help="with --backend vllm, a RaLM step reuses vLLM's cached blocks of its own prompt (the question "
-                   "and document) instead of prefilling it again: RaLMSeq 1.37x faster, RaLMSpec equal to it in "
-                   "every run measured, not by construction (docs/guide/vllm.md)")
+        for name in registry.BACKENDS:  # each backend's own flags, --BACKEND-OPTION (ModelBackend.add_options)
+            registry.BACKENDS[name].add_options(functools.partial(_backend_flag, group, name))
         _flag(group, "model", action="append", metavar="ROLE=NAME",
               help="model for a role, e.g. generator=smollm2-135m-instruct, embedder=all-minilm-l6-v2")
         _flag(group, "threads", type=int, default=None,
@@ -90,6 +87,17 @@ class ModelOptions(PipelineOptions):
                    "bfloat16 elsewhere is emulated and slow (it warns); int8: dynamic int8 quantisation of the "
                    "linear layers (CPU); bfloat16-prefill: bfloat16 prefill and scoring, float32 decode steps "
                    "(local backend; a second float32 copy of each causal LM); results are not bit-equal across dtypes")
+
+    def backend_configs(self) -> tuple:
+        """The backends' own configurations from their flags (``ModelBackend.config_from_options``),
+        in the registry's order."""
+        configs = []
+        for name in registry.BACKENDS:
+            value = functools.partial(_backend_value, self, name)
+            config = registry.BACKENDS[name].config_from_options(value, chosen=name == self.backend)
+            if config is not None:
+                configs.append(config)
+        return tuple(configs)
 
     def models_by_role(self, defaults: dict[str, str], roles: tuple[str, ...] | None = None,
                        who: str = "this job") -> dict[str, str]:
@@ -166,13 +174,6 @@ class RuntimeOptions(PipelineOptions):
 
     # the models', index's and datastore's flags, as the job's runtime reads them
     backend = property(lambda self: self.view_as(ModelOptions).backend)
-    triton_url = property(lambda self: self.view_as(ModelOptions).triton_url)
-    triton_timeout = property(lambda self: self.view_as(ModelOptions).triton_timeout)
-    triton_retries = property(lambda self: self.view_as(ModelOptions).triton_retries)
-    vllm_url = property(lambda self: self.view_as(ModelOptions).vllm_url)
-    vllm_kv_cache_gb = property(lambda self: self.view_as(ModelOptions).vllm_kv_cache_gb)
-    vllm_embed = property(lambda self: self.view_as(ModelOptions).vllm_embed)
-    vllm_step_cache = property(lambda self: self.view_as(ModelOptions).vllm_step_cache)
     model = property(lambda self: self.view_as(ModelOptions).model)
     @property
     def threads(self) -> int:
@@ -207,18 +208,6 @@ class RuntimeOptions(PipelineOptions):
         roles = self.roles_for(method) if method is not None else None
         defaults = dict(RuntimeConfig().models) | {r: m for r, m in ROLE_DEFAULT_MODELS.items() if r in (roles or ())}
         models = self.models_by_role(defaults, roles, f"method {getattr(method, 'name', '')!r}")
-        triton = None
-        if self.backend == "triton" or self.triton_url:
-            from specrag.inference.triton import TritonConfig
-            triton = TritonConfig(url=self.triton_url or TritonConfig().url, timeout_s=self.triton_timeout,
-                                  retries=self.triton_retries)
-        vllm = None
-        if self.backend == "vllm" or self.vllm_url:
-            from specrag.inference.vllm import VllmConfig
-            vllm = VllmConfig(url=self.vllm_url, kv_cache_gb=self.vllm_kv_cache_gb, embed=self.vllm_embed,
-                              step_cache=self.vllm_step_cache)
-        elif self.vllm_embed or self.vllm_step_cache:
-            raise ValueError(f"--vllm-{'embed' if self.vllm_embed else 'step-cache'} is an option of --backend vllm")
         config = RuntimeConfig(backend=self.backend, models=tuple(sorted(models.items())), index_dir=self.index,
                                retriever=self.retriever, num_threads=self.threads,
                                dtype=resolve_dtype(self.dtype, self.backend),
@@ -226,7 +215,8 @@ class RuntimeOptions(PipelineOptions):
                                                    max_in_flight=self.max_in_flight,
                                                    stage_timeout_s=self.stage_timeout,
                                                    queue_timeout_s=self.queue_timeout),
-                               triton=triton, vllm=vllm, datastore_dir=self.datastore,
+                               backend_configs=self.view_as(ModelOptions).backend_configs(),
+                               datastore_dir=self.datastore,
                                datastore_kind=self.datastore_kind,
                                triplets_dir=self.triplets, exact_scan=self.exact_scan,
                                prefix_cache_mb=default_prefix_cache_mb(self.backend)

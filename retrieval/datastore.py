@@ -150,3 +150,29 @@ class Datastore:
         for e in ids:
             out.extend(range(int(e) + 1, min(int(e) + 1 + n, len(self))))
         return out
+
+
+class DatastoreResource:
+    """KNN-LM's datastore as a method resource (``registry.RESOURCES["datastore"]``): the run's
+    ``--datastore`` folder, searched with its ``--datastore-kind`` index."""
+
+    folder_field = "datastore_dir"
+    missing = "retrieves per token: pass --datastore (built by `specrag build-datastore`)"
+
+    @classmethod
+    def check(cls, folder: str, runtime) -> None:
+        from specrag.jobio.run_folder import manifest_kinds
+        kinds = manifest_kinds(folder, "datastore", "specrag build-datastore")
+        if runtime.datastore_kind not in kinds:
+            raise ValueError(f"datastore {folder} has no {runtime.datastore_kind!r} index (has: {sorted(kinds)})")
+
+    @classmethod
+    def open(cls, folder: str, runtime) -> "Datastore":
+        from specrag.inference.models import cache_dir
+        from specrag.jobio.files import localize
+        # a datastore on gs:// or s3:// is copied to the worker once: FAISS reads local files
+        return Datastore(localize(folder, cache_dir()), runtime.datastore_kind, scan_precision=runtime.scan_precision())
+
+    @classmethod
+    def identity_extras(cls, folder: str | None, runtime) -> dict:
+        return {"datastore_kind": runtime.datastore_kind if folder else None}

@@ -165,10 +165,9 @@ class GeneratorTripletExtractor:
 
     @classmethod
     def from_config(cls, config, load_backend) -> "GeneratorTripletExtractor":
-        """From an ExtractorConfig; ``load_backend(kind, model, threads, triton=..., vllm=...)``
-        gives the process's one backend for the generator."""
-        backend = load_backend(config.backend, config.model, config.num_threads, triton=config.triton,
-                               vllm=config.vllm)
+        """From an ExtractorConfig; ``load_backend(kind, model, threads, configs=...)`` gives the
+        process's one backend for the generator."""
+        backend = load_backend(config.backend, config.model, config.num_threads, configs=config.backend_configs)
         return cls(backend, config.model, max_new_tokens=config.max_new_tokens, max_passage_chars=config.max_chars)
 
     def __init__(self, backend, model: str, max_new_tokens: int = 160, max_passage_chars: int = 2000):
@@ -262,3 +261,24 @@ class TripletStore:
         except KeyError:
             raise KeyError(f"passage {passage_id!r} has no extracted triplet set: was the triplet folder "
                            "made from the index's corpus?") from None
+
+
+class TripletResource:
+    """AED-RAG's triplet sets as a method resource (``registry.RESOURCES["triplets"]``): the run's
+    ``--triplets`` folder, written by `specrag extract-triplets` over the index's corpus."""
+
+    folder_field = "triplets_dir"
+    missing = "reads triplet sets: pass --triplets (built from the index's corpus by `specrag extract-triplets`)"
+
+    @classmethod
+    def check(cls, folder: str, runtime) -> None:
+        from specrag.jobio.run_folder import read_manifest
+        read_manifest(folder, "triplet folder", "specrag extract-triplets")
+
+    @classmethod
+    def open(cls, folder: str, runtime) -> TripletStore:
+        return TripletStore.open(folder)
+
+    @classmethod
+    def identity_extras(cls, folder: str | None, runtime) -> dict:
+        return {}

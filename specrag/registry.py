@@ -1,5 +1,5 @@
-"""Every pluggable part of specrag, by name: methods, models, backends, retrievers, dataset
-triplet extractors, formats and metrics, in one mechanism.
+"""Every pluggable part of specrag, by name: methods, models, backends, method resources,
+retrievers, dataset triplet extractors, formats and metrics, in one mechanism.
 
 An entry is ``name -> "module:object"`` and is imported on first use, so listing names
 (``--help``, validation at start) costs no heavy import, and a new part is one line here.
@@ -77,6 +77,13 @@ MODELS = Registry("model", {
     "qwen2.5-coder-0.5b-instruct": "specrag.inference.models:QWEN25_CODER_05B",
 })
 
+# what methods read beside their models and retriever, by the name a stage asks for (ctx.resource);
+# each class (inference.engine.MethodResource) checks, opens and identifies its folder
+RESOURCES = Registry("method resource", {
+    "datastore": "specrag.retrieval.datastore:DatastoreResource",
+    "triplets": "specrag.retrieval.triplets:TripletResource",
+})
+
 # where model calls run; each backend class declares the operations it serves per model kind
 BACKENDS = Registry("backend", {
     "local": "specrag.inference.local:LocalBackend",
@@ -126,5 +133,5 @@ METRICS = Registry("metric", {
 })
 
 REGISTRIES: dict[str, Registry] = {"methods": METHODS, "models": MODELS, "backends": BACKENDS,
-                                   "local_kinds": LOCAL_KINDS, "retrievers": RETRIEVERS, "extractors": EXTRACTORS, "formats": FORMATS,
-                                   "metrics": METRICS}
+                                   "resources": RESOURCES, "local_kinds": LOCAL_KINDS, "retrievers": RETRIEVERS,
+                                   "extractors": EXTRACTORS, "formats": FORMATS, "metrics": METRICS}

@@ -21,8 +21,6 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from specrag import registry
 from specrag.inference.capabilities import MissingCapability
 from specrag.inference.engine import BackendSettings
-from specrag.inference.triton import TritonConfig
-from specrag.inference.vllm import VllmConfig
 from specrag.transforms.runtime import load_backend
 
 # operations that map one input to one output (the engine serves the rest)
@@ -33,19 +31,19 @@ class BackendModelHandler(ModelHandler[Any, PredictionResult, Any]):
     """One operation of one model on one backend (local, Triton or vLLM), as a ModelHandler."""
 
     def __init__(self, backend: str, model: str, operation: str, *, num_threads: int = 1,
-                 dtype: str = "float32", triton: TritonConfig | None = None, vllm: VllmConfig | None = None,
-                 min_batch_size: int = 1, max_batch_size: int = 64, share_across_processes: bool = False):
+                 dtype: str = "float32", configs: tuple[Any, ...] = (), min_batch_size: int = 1,
+                 max_batch_size: int = 64, share_across_processes: bool = False):
         super().__init__()
         if operation not in SINGLE_CALL:
             raise ValueError(f"operation must be one of {SINGLE_CALL}, got {operation!r}")
-        served = registry.BACKENDS[backend].serves(model, BackendSettings(num_threads, dtype, triton, vllm=vllm))
+        served = registry.BACKENDS[backend].serves(model, BackendSettings(num_threads, dtype, configs=configs))
         if operation not in served:
             raise MissingCapability(f"{model} on the {backend} backend does not serve {operation} "
                                     f"(it serves {', '.join(sorted(served))})")
         if not 1 <= min_batch_size <= max_batch_size:
             raise ValueError("need 1 <= min_batch_size <= max_batch_size")
         self.backend, self.model, self.operation = backend, model, operation
-        self.num_threads, self.dtype, self.triton, self.vllm = num_threads, dtype, triton, vllm
+        self.num_threads, self.dtype, self.configs = num_threads, dtype, configs
         self._batching = {"min_batch_size": min_batch_size, "max_batch_size": max_batch_size}
         self._share = share_across_processes
 
@@ -53,7 +51,7 @@ class BackendModelHandler(ModelHandler[Any, PredictionResult, Any]):
         from specrag.transforms.runtime import RuntimeConfig, worker_setup
         worker_setup(RuntimeConfig(backend=self.backend, models=(("model", self.model),),
                                    num_threads=self.num_threads))
-        return load_backend(self.backend, self.model, self.num_threads, self.dtype, self.triton, vllm=self.vllm)
+        return load_backend(self.backend, self.model, self.num_threads, self.dtype, configs=self.configs)
 
     def run_inference(self, batch: Sequence[Any], model: Any,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:

@@ -17,11 +17,9 @@ from specrag.inference.capabilities import EMBED, check_capabilities
 from specrag.inference.engine import BackendSettings, EngineConfig, Services
 from specrag.inference.models import KIND_NAMES, model_spec
 from specrag.inference.processor import LOCAL_ONLY_DTYPES, MODEL_DTYPES
-from specrag.inference.triton import TritonConfig
-from specrag.inference.vllm import VllmConfig
+from specrag.jobio.run_folder import manifest_kinds
 from specrag.retrieval.index import DENSE_KINDS
 
-BACKENDS = tuple(registry.BACKENDS)
 RETRIEVER_KINDS = tuple(registry.RETRIEVERS)
 EXACT_SCANS = ("int8", "bf16", "fp32", "faiss")  # retrieval/exact_batch.py PRECISIONS, or FAISS
 
@@ -62,8 +60,9 @@ class RuntimeConfig:
     # there: inference/processor.py; this config holds the resolved choice)
     dtype: str = "float32"
     engine: EngineConfig = field(default_factory=EngineConfig)
-    triton: TritonConfig | None = None  # where the models are served when backend == "triton"
-    vllm: VllmConfig | None = None  # where vLLM runs when backend == "vllm" (None: a server per worker)
+    # the backends' own configurations (TritonConfig: where the server is; VllmConfig: where vLLM runs,
+    # none: a server per worker), each a frozen dataclass of its backend's module, made from its flags
+    backend_configs: tuple[Any, ...] = ()
     datastore_dir: str | None = None  # KNN-LM datastore (`specrag build-datastore`)
     datastore_kind: str = "flat"  # flat (exact) | hnsw
     triplets_dir: str | None = None  # triplet sets of the index's passages (`specrag extract-triplets`)
@@ -76,9 +75,10 @@ class RuntimeConfig:
     prefix_cache_mb: int = 0
 
     def validate(self, needs: Mapping[str, tuple[str, ...]] | tuple[str, ...] = (), needs_retriever: bool = False,
-                 needs_datastore: bool = False, method: str = "the method", needs_triplets: bool = False) -> None:
+                 method: str = "the method", resources: tuple[str, ...] = ()) -> None:
         """Everything a run needs, checked before it starts: ``needs`` maps each model role the
-        method uses to the operations it calls on it (a tuple of roles: no operations checked)."""
+        method uses to the operations it calls on it (a tuple of roles: no operations checked);
+        ``resources``: the method's (``Method.resources``, names in ``registry.RESOURCES``)."""
         needs = dict(needs) if isinstance(needs, Mapping) else {role: () for role in needs}
         registry.BACKENDS.check(self.backend)
         models = dict(self.models)
@@ -124,21 +124,16 @@ class RuntimeConfig:
                              registry.BACKENDS[name].serves(models[role], settings))
         check_capabilities(method, needs, offered, elsewhere)
         backend.check_run(settings, {role: (models[role], ops) for role, ops in needs.items()})
-        if needs_datastore:
-            if not self.datastore_dir:
-                raise ValueError("the method retrieves per token: pass --datastore (built by `specrag build-datastore`)")
-            kinds = _kinds(self.datastore_dir, "datastore", "specrag build-datastore")
-            if self.datastore_kind not in kinds:
-                raise ValueError(f"datastore {self.datastore_dir} has no {self.datastore_kind!r} index (has: {sorted(kinds)})")
-        if needs_triplets:
-            if not self.triplets_dir:
-                raise ValueError(f"{method} reads triplet sets: pass --triplets (built from the index's corpus by "
-                                 "`specrag extract-triplets`)")
-            _manifest(self.triplets_dir, "triplet folder", "specrag extract-triplets")
+        for name in resources:  # each resource checks its own folder (registry.RESOURCES)
+            resource = registry.RESOURCES[name]
+            folder = getattr(self, resource.folder_field)
+            if not folder:
+                raise ValueError(f"{method} {resource.missing}")
+            resource.check(folder, self)
         if needs_retriever:
             if not self.index_dir:
                 raise ValueError("the method retrieves: pass --index (built by `specrag build-index`)")
-            kinds = _kinds(self.index_dir, "index folder", "specrag build-index")
+            kinds = manifest_kinds(self.index_dir, "index folder", "specrag build-index")
             if self.retriever not in kinds:
                 raise ValueError(f"index {self.index_dir} has no {self.retriever!r} index (has: {sorted(kinds)}); "
                                  f"rebuild with `specrag build-index --kinds {self.retriever}`")
@@ -153,7 +148,18 @@ class RuntimeConfig:
 
     def settings(self) -> BackendSettings:
         """What this run's backends are opened with."""
-        return BackendSettings(self.num_threads, self.dtype, self.triton, self.prefix_cache_mb, self.vllm)
+        return BackendSettings(self.num_threads, self.dtype, self.prefix_cache_mb, self.backend_configs)
+
+    def _resources_identity(self) -> dict[str, Any]:
+        """Each method resource's folder fingerprint under its name (None: not given), and what
+        else of it decides results (the datastore's kind)."""
+        out: dict[str, Any] = {}
+        for name in registry.RESOURCES:
+            resource = registry.RESOURCES[name]
+            folder = getattr(self, resource.folder_field)
+            out[name] = _folder_fingerprint(folder)
+            out.update(resource.identity_extras(folder, self))
+        return out
 
     def scan_precision(self) -> str | None:
         return None if self.exact_scan == "faiss" else self.exact_scan
@@ -164,7 +170,10 @@ class RuntimeConfig:
         return dataclasses.replace(self, models=tuple((r, m) for r, m in self.models if r in keep))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The manifest's record of the runtime; each backend configuration under its type's name."""
+        record = dataclasses.asdict(dataclasses.replace(self, backend_configs=()))
+        record["backend_configs"] = {type(c).__name__: dataclasses.asdict(c) for c in self.backend_configs}
+        return record
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs' results comparable: models (weight hashes), backend, dtype,
@@ -175,39 +184,10 @@ class RuntimeConfig:
         return {"models": models, "backend": self.backend, "dtype": self.dtype,
                 "retriever": self.retriever if self.index_dir else None,
                 "index": _folder_fingerprint(self.index_dir),
-                "datastore": _folder_fingerprint(self.datastore_dir),
-                "datastore_kind": self.datastore_kind if self.datastore_dir else None,
-                "triplets": _folder_fingerprint(self.triplets_dir),
+                **self._resources_identity(),
                 # segmented prefill (prefix KV reuse) can differ from one forward in the last bits
                 **({PREFILL_KEY: f"prompt+{BLOCK_TOKENS}"} if self.prefix_cache_mb else {}),
                 **backend.identity_extras(self.settings())}
-
-
-def _manifest(folder: str, what: str, build: str) -> dict:
-    """An index's or datastore's manifest, through FileSystems (the folder may be remote)."""
-    from specrag.jobio import files
-    from specrag.jobio.run_folder import read_json
-    from specrag.wording import a
-    path = files.join(folder, "manifest.json")
-    if not files.exists(path):
-        raise ValueError(f"{folder} is not {a(what)} (no manifest.json); build one with `{build}`")
-    manifest = read_json(path)
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{path} is not a manifest (a JSON {type(manifest).__name__}); build the {what} again "
-                         f"with `{build}`")
-    return manifest
-
-
-def _kinds(folder: str, what: str, build: str) -> dict:
-    """The kinds an index's or datastore's manifest lists; another job's manifest (a results
-    folder's, a triplet folder's) is named as such, not a KeyError."""
-    manifest = _manifest(folder, what, build)
-    if not isinstance(manifest.get("kinds"), dict):
-        job = manifest.get("job")
-        article = "an" if what[0] in "aeiou" else "a"
-        raise ValueError(f"{folder} is not {article} {what}: its manifest.json is "
-                         f"{'a `specrag ' + job + '` manifest' if job else 'not one'}; build one with `{build}`")
-    return manifest["kinds"]
 
 
 def _check_index_files(folder: str, kind: str) -> None:
@@ -278,13 +258,13 @@ def models_loaded() -> int:
     return len(_BACKENDS)
 
 
-def load_backend(kind: str, model: str, threads: int, dtype: str = "float32",
-                 triton: TritonConfig | None = None, prefix_cache_mb: int = 0, vllm: VllmConfig | None = None):
-    """One backend per (kind, model, settings) and process: weights load once per worker."""
-    key = (kind, model, threads, dtype, triton, prefix_cache_mb, vllm)
+def load_backend(kind: str, model: str, threads: int, dtype: str = "float32", prefix_cache_mb: int = 0,
+                 configs: tuple[Any, ...] = ()):
+    """One backend per (kind, model, settings) and process: weights load once per worker.
+    ``configs``: the backends' own configurations (``RuntimeConfig.backend_configs``)."""
+    key = (kind, model, threads, dtype, prefix_cache_mb, configs)
     if key not in _BACKENDS:
-        _BACKENDS[key] = registry.BACKENDS[kind].open(model, BackendSettings(threads, dtype, triton, prefix_cache_mb,
-                                                                             vllm))
+        _BACKENDS[key] = registry.BACKENDS[kind].open(model, BackendSettings(threads, dtype, prefix_cache_mb, configs))
     return _BACKENDS[key]
 
 
@@ -305,8 +285,7 @@ def worker_setup(config: RuntimeConfig) -> None:
 
 
 def _local_copy(folder: str) -> str:
-    """Indexes and datastores on gs:// or s3:// are copied to the worker once (FAISS and
-    bm25s read local files)."""
+    """Indexes on gs:// or s3:// are copied to the worker once (FAISS and bm25s read local files)."""
     from specrag.inference.models import cache_dir
     from specrag.jobio.files import localize
     return localize(folder, cache_dir())
@@ -317,8 +296,8 @@ def get_services(config: RuntimeConfig) -> Services:
     with _LOCK:
         if config in _SERVICES:
             return _SERVICES[config]
-        models = {role: load_backend(config.backend_for(name), name, config.num_threads, config.dtype, config.triton,
-                                     config.prefix_cache_mb, config.vllm)
+        models = {role: load_backend(config.backend_for(name), name, config.num_threads, config.dtype,
+                                     config.prefix_cache_mb, config.backend_configs)
                   for role, name in config.models}
         retriever = None
         if config.index_dir:
@@ -327,19 +306,17 @@ def get_services(config: RuntimeConfig) -> Services:
             if config.retriever in DENSE_KINDS:
                 default = "all-minilm-l6-v2"
                 embedder = models.get("embedder") or load_backend(config.backend_for(default), default,
-                                                                  config.num_threads, triton=config.triton,
-                                                                  vllm=config.vllm)
+                                                                  config.num_threads,
+                                                                  configs=config.backend_configs)
                 embed = embedder.embed
             retriever = open_retriever(_local_copy(config.index_dir), config.retriever, embed,
                                        scan_precision=config.scan_precision())
         resources = {}
-        if config.datastore_dir:
-            from specrag.retrieval.datastore import Datastore
-            resources["datastore"] = Datastore(_local_copy(config.datastore_dir), config.datastore_kind,
-                                               scan_precision=config.scan_precision())
-        if config.triplets_dir:
-            from specrag.retrieval.triplets import TripletStore
-            resources["triplets"] = TripletStore.open(config.triplets_dir)
+        for name in registry.RESOURCES:  # what the config gives a folder for, opened once per process
+            resource = registry.RESOURCES[name]
+            folder = getattr(config, resource.folder_field)
+            if folder:
+                resources[name] = resource.open(folder, config)
         services = Services(models=models, retriever=retriever, resources=resources)
         _SERVICES[config] = services
         return services

@@ -28,8 +28,6 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from specrag import registry
-from specrag.inference.triton import TritonConfig
-from specrag.inference.vllm import VllmConfig
 from specrag.retrieval.triplets import EXTRACTED, TRIPLETS, Extraction, Passage
 from specrag.jobio.files import write_parquet
 from specrag.transforms.records import DEAD, dead_letter
@@ -49,8 +47,7 @@ class ExtractorConfig:
     resolve_title_pronouns: bool = True
     max_new_tokens: int = 160
     num_threads: int = 1
-    triton: TritonConfig | None = None
-    vllm: VllmConfig | None = None
+    backend_configs: tuple[Any, ...] = ()  # the backends' own configurations (RuntimeConfig.backend_configs)
 
     def validate(self) -> None:
         registry.EXTRACTORS.check(self.extractor)
@@ -80,7 +77,7 @@ class ExtractorConfig:
         """The generator extractor's model runtime (local, Triton or vLLM)."""
         from specrag.transforms.runtime import RuntimeConfig
         return RuntimeConfig(backend=self.backend, models=(("generator", self.model),) if self.model else (),
-                             triton=self.triton, vllm=self.vllm, num_threads=self.num_threads)
+                             backend_configs=self.backend_configs, num_threads=self.num_threads)
 
 
 def load_extractor(config: ExtractorConfig):

@@ -156,12 +156,13 @@ def test_vllm_embed_moves_the_embedder_to_vllm_only_when_asked():
     """--vllm-embed puts the dense retriever's MiniLM on vLLM's pooling runner (and says so in the
     run's identity); without it the embedder runs in the worker; it is an option of --backend vllm."""
     from apache_beam.options.pipeline_options import PipelineOptions
+    from specrag.inference.vllm import VllmConfig
     from specrag.pipelines.options import RuntimeOptions
     config = lambda *flags: PipelineOptions(list(flags)).view_as(RuntimeOptions).runtime_config()  # noqa: E731
     embedder = "all-minilm-l6-v2"
     assert config("--backend=vllm").backend_for(embedder) == "local"
     on = config("--backend=vllm", "--vllm-embed")
-    assert on.vllm.embed and on.backend_for(embedder) == "vllm"
+    assert on.settings().config_of(VllmConfig).embed and on.backend_for(embedder) == "vllm"
     assert on.backend_for("smollm2-135m-instruct") == "vllm"
     assert on.identity()["embed_backend"] == "vllm" and "embed_backend" not in config("--backend=vllm").identity()
     with pytest.raises(ValueError, match="--vllm-embed is an option of --backend vllm"):

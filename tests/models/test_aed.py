@@ -168,9 +168,9 @@ def test_standard_rag_with_the_papers_prompt_is_the_baseline():
 
 def test_aed_declares_what_each_setting_needs():
     full = create_method("aed-rag")
-    assert full.needs == {"generator": ("generate", "fused_decode"), "utility": ("rerank",)} and full.needs_triplets
+    assert full.needs == {"generator": ("generate", "fused_decode"), "utility": ("rerank",)} and full.resources == ("triplets",)
     rerank_only = create_method("aed-rag", fusion=False)
-    assert rerank_only.needs["generator"] == ("generate",) and not rerank_only.needs_triplets
+    assert rerank_only.needs["generator"] == ("generate",) and not rerank_only.resources
     untrained = create_method("aed-rag", predictor="similarity")
     assert untrained.needs["embedder"] == ("embed",) and "utility" not in untrained.needs
     with pytest.raises(ValueError, match="m=3 exceeds top_k=2"):

@@ -199,7 +199,7 @@ def test_unreachable_server_is_a_clear_error_at_start():
         RuntimeConfig(backend="triton").validate(("generator",))
     dead = TritonConfig(f"grpc://127.0.0.1:{launch.free_port()}", retries=0)
     with pytest.raises(TritonUnavailable, match="cannot reach Triton"):
-        RuntimeConfig(backend="triton", triton=dead).validate(("generator",))
+        RuntimeConfig(backend="triton", backend_configs=(dead,)).validate(("generator",))
 
 
 def test_a_capability_the_backend_lacks_fails_at_start():
@@ -211,7 +211,8 @@ def test_a_capability_the_backend_lacks_fails_at_start():
     from specrag.pipelines.answer import AnswerJob
     from specrag.transforms.runtime import RuntimeConfig
     method = create_method("knnlm")
-    runtime = RuntimeConfig(backend="triton", triton=TritonConfig(f"grpc://127.0.0.1:{launch.free_port()}"),
+    server = TritonConfig(f"grpc://127.0.0.1:{launch.free_port()}")
+    runtime = RuntimeConfig(backend="triton", backend_configs=(server,),
                             datastore_dir="unused").with_roles(method.model_roles)
     with pytest.raises(MissingCapability, match="knnlm' needs next_token from its generator .*triton backend"):
         AnswerJob("unused.parquet", "unused", method, runtime).validate()
@@ -342,7 +343,7 @@ def test_pipeline_through_triton_equals_local(triton_server, demo_tables, demo_i
     answers = {}
     for backend in ("local", "triton"):
         runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index),
-                                triton=TritonConfig(triton_server.grpc_url) if backend == "triton" else None)
+                                backend_configs=(TritonConfig(triton_server.grpc_url),) if backend == "triton" else ())
         out = tmp_path / backend
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime.with_roles(method.model_roles),
                              batch_size=8, num_shards=2, beam_args=BEAM_ARGS))

@@ -34,7 +34,7 @@ PROMPTS = ["What is the capital of France?", "Name a planet of the solar system.
 
 @pytest.fixture(scope="module")
 def vllm_backend():
-    return load_backend("vllm", MODEL, 1, "float32", vllm=CONFIG)
+    return load_backend("vllm", MODEL, 1, "float32", configs=(CONFIG,))
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ def only_the_modules_server_outlives_a_test():
     machine beside the other test worker, and the next server refused its KV cache."""
     yield
     from specrag.transforms import runtime as cache
-    kept = ("vllm", MODEL, 1, "float32", None, 0, CONFIG)
+    kept = ("vllm", MODEL, 1, "float32", 0, (CONFIG,))
     for key in [k for k in cache._BACKENDS if k[0] == "vllm" and k != kept]:
         if (server := cache._BACKENDS.pop(key).server) is not None:
             server.stop()
@@ -77,7 +77,7 @@ def test_standard_rag_job_on_vllm(vllm_backend, demo_tables, demo_index, tmp_pat
     identity names the backend, and its answers are the local backend's (float32, greedy)."""
     method = create_method("standard", top_k=3, max_new_tokens=16)
     answers = {}
-    for backend, extra in (("vllm", {"vllm": CONFIG}), ("local", {})):
+    for backend, extra in (("vllm", {"backend_configs": (CONFIG,)}), ("local", {})):
         runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), **extra).with_roles(method.model_roles)
         out = tmp_path / backend
         manifest = run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4))
@@ -104,7 +104,7 @@ def test_drafting_methods_on_vllm_select_as_on_the_local_backend(method_name, se
     of the scores it recorded."""
     method = create_method(method_name, **settings)
     rows = {}
-    for backend, extra in (("vllm", {"vllm": CONFIG}), ("local", {})):
+    for backend, extra in (("vllm", {"backend_configs": (CONFIG,)}), ("local", {})):
         runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), **extra).with_roles(method.model_roles)
         out = tmp_path / backend
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=6))
@@ -122,7 +122,8 @@ def test_a_method_needing_what_vllm_lacks_is_refused_at_start(demo_tables, demo_
     """AED-RAG's fused decoding is not a vLLM operation: the run stops before any model loads,
     naming the operation, the role and the backend."""
     method = create_method("aed-rag", predictor="similarity")
-    runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), vllm=CONFIG).with_roles(method.model_roles)
+    runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index),
+                            backend_configs=(CONFIG,)).with_roles(method.model_roles)
     with pytest.raises(ValueError, match=r"fused_decode from its generator \(smollm2-135m-instruct, a causal LM, on the "
                                          r"vllm backend, which serves generate, score for it; the local and the "
                                          r"triton backends serve it\)"):
@@ -144,7 +145,7 @@ def test_ralmspec_on_vllm_equals_ralmseq(retriever, step_cache, vllm_backend, de
         out = tmp_path / name
         config = dataclasses.replace(CONFIG, step_cache=step_cache)
         runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), retriever=retriever,
-                                vllm=config).with_roles(method.model_roles)
+                                backend_configs=(config,)).with_roles(method.model_roles)
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=8))
         rows = pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()
         outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
@@ -161,19 +162,19 @@ def test_the_embedder_on_vllms_pooling_runner_retrieves_as_the_local_one(demo_ta
     embedder stays in the worker; with a --vllm-url it is refused."""
     embedder = "all-minilm-l6-v2"
     embed = VllmConfig(eager=True, kv_cache_gb=1, embed=True)
-    assert RuntimeConfig(backend="vllm", vllm=CONFIG).backend_for(embedder) == "local"
-    assert RuntimeConfig(backend="vllm", vllm=embed).backend_for(embedder) == "vllm"
+    assert RuntimeConfig(backend="vllm", backend_configs=(CONFIG,)).backend_for(embedder) == "local"
+    assert RuntimeConfig(backend="vllm", backend_configs=(embed,)).backend_for(embedder) == "vllm"
     with pytest.raises(ValueError, match="--vllm-embed starts an embedding server"):
         VllmConfig(url="http://127.0.0.1:8000", embed=True)
     texts = ["Paris is the capital of France.", "The Eiffel Tower " * 200, "x"]
-    served = load_backend("vllm", embedder, 1, "float32", vllm=embed)
+    served = load_backend("vllm", embedder, 1, "float32", configs=(embed,))
     assert served.capabilities == {"embed"}
     vectors, local = served.embed(texts), load_backend("local", embedder, 1, "float32").embed(texts)
     assert vectors.shape == local.shape and np.abs(vectors - local).max() < 1e-5
 
     method = create_method("standard", top_k=3, max_new_tokens=8)
     retrieved = {}
-    for backend, extra in (("vllm", {"vllm": embed}), ("local", {})):
+    for backend, extra in (("vllm", {"backend_configs": (embed,)}), ("local", {})):
         runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), retriever="dense",
                                 **extra).with_roles(method.model_roles)
         out = tmp_path / backend

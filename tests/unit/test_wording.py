@@ -8,12 +8,12 @@ import pytest
 
 def test_counts_and_articles_read_as_english(tmp_path):
     from specrag.jobio.run_folder import reconciliation_line
-    from specrag.transforms.runtime import _manifest
+    from specrag.jobio.run_folder import read_manifest
     line = reconciliation_line({"input_rows": 3, "results": 2, "dead_letters": 1, "unreadable_files": 0,
                                 "lost": 0, "duplicated": 0})
     assert "1 dead letter " in line or line.endswith("1 dead letter"), line
     with pytest.raises(ValueError, match=r"is not an index \(no manifest.json\)"):
-        _manifest(str(tmp_path), "index", "specrag build-index ...")
+        read_manifest(str(tmp_path), "index", "specrag build-index ...")
     from specrag.inference.vllm import VllmBackend
     with pytest.raises(ValueError, match="all-minilm-l6-v2 is an encoder model"):
         VllmBackend("all-minilm-l6-v2")
