@@ -525,6 +525,13 @@ def small_corpus(demo_tables, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def corpus_jobs_on_fnapi(small_corpus, tmp_path_factory) -> dict:
+def corpus_jobs_folder(tmp_path_factory) -> Path:
+    """Where `corpus_jobs_on_fnapi` writes: its datastore/ and triplets/ of the demo corpus serve
+    the KNN-LM and AED-RAG answer jobs of the runner tests."""
+    return tmp_path_factory.mktemp("corpus_jobs_fnapi")
+
+
+@pytest.fixture(scope="session")
+def corpus_jobs_on_fnapi(small_corpus, corpus_jobs_folder) -> dict:
     """`corpus_jobs` on the FnApiRunner: the reference the other runners must equal."""
-    return corpus_jobs(small_corpus, tmp_path_factory.mktemp("corpus_jobs_fnapi"), BEAM_ARGS)
+    return corpus_jobs(small_corpus, corpus_jobs_folder, BEAM_ARGS)

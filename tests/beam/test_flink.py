@@ -103,6 +103,69 @@ def test_ralmspec_on_flink_equals_ralmseq(flink, demo_tables, demo_index, tmp_pa
     assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
 
 
+# The other answer methods, a few demo questions each, with the resources they read made by the
+# corpus jobs (the demo corpus's KNN-LM datastore and triplet sets) and SARDI's denoiser a tiny
+# adapted causal LM. One model call a row (max_batch=1): no float depends on what shares a batch,
+# so every runner must give the FnApiRunner's tokens.
+OTHER_METHODS = {
+    "sps": {"top_k": 4, "groups": 2, "candidates": 2, "chunk_tokens": 8, "max_new_tokens": 16},
+    "aed-rag": {"predictor": "similarity", "top_k": 3, "m": 2, "ss_max_new_tokens": 12, "max_new_tokens": 12},
+    "sardi": {"max_new_tokens": 8, "steps": 8, "passage_words": 24},
+    "knnlm": {"k": 8, "max_new_tokens": 12},
+}
+
+
+# what of each method's trace the runners must not change beside the answer (no float: an
+# embedding batch is wider than one row)
+TRACED = {"sps": lambda t: (t["output_ids"], [(s["doc_ids"], s["chosen"]) for s in t["stages"]]),
+          "aed-rag": lambda t: (t["passage_ids"], t["chosen_passages"], t["streams"]),
+          "sardi": lambda t: (t["response"], [s["doc_ids"] for s in t["steps"]]),
+          "knnlm": lambda t: t["output_ids"]}
+
+
+def _method_runtime(method_name, method, demo_index, corpus_jobs_folder, request) -> RuntimeConfig:
+    from specrag.inference import EngineConfig
+    extra = {}
+    if method_name == "sardi":
+        from conftest import adapted_denoiser_folder
+        folder = corpus_jobs_folder / "adapted_denoiser"
+        if not (folder / "config.json").exists():
+            adapted_denoiser_folder(folder, request.getfixturevalue("tiny_llama_folder"))
+        extra["models"] = (("denoiser", str(folder)),)
+    runtime = RuntimeConfig(index_dir=str(demo_index), datastore_dir=str(corpus_jobs_folder / "datastore"),
+                            triplets_dir=str(corpus_jobs_folder / "triplets"), engine=EngineConfig(max_batch=1),
+                            **extra)
+    return runtime.with_roles(method.model_roles)
+
+
+@pytest.mark.parametrize("method_name", sorted(OTHER_METHODS))
+def test_every_other_answer_method_on_prism_and_flink_equals_the_fnapi_runner(
+        method_name, flink, prism, demo_tables, demo_index, corpus_jobs_on_fnapi, corpus_jobs_folder, request,
+        tmp_path):
+    """SPS (staged retrieval beside generation), AED-RAG (units scored over passages and their
+    triplet sets, fused decoding), SARDI (retrieval inside the denoising loop) and KNN-LM (a
+    datastore search each token) answer three demo questions on Prism and on the Flink cluster
+    as on the FnApiRunner: the same answers, raw outputs and tokens, documents and choices in
+    their traces."""
+    rows = [r for r in pq.read_table(demo_tables[0]).to_pylist() if r.get("task_type", "short_form") == "short_form"]
+    queries = tmp_path / "queries.parquet"
+    pq.write_table(pa.Table.from_pylist(rows[:3]), queries, row_group_size=2)
+    method = create_method(method_name, **OTHER_METHODS[method_name])
+    runtime = _method_runtime(method_name, method, demo_index, corpus_jobs_folder, request)
+    runners = {"fnapi": ("--runner=FnApiRunner",), "prism": ("--runner=PrismRunner", f"--prism_location={prism}"),
+               "flink": tuple(flink.flags())}
+    answers, traced = {}, {}
+    for name, args in runners.items():
+        manifest = run_answer(AnswerJob(str(queries), str(tmp_path / name), method, runtime, beam_args=args))
+        assert manifest["counters"]["answered"] == 3, (name, manifest["counters"])
+        answers[name] = _results(tmp_path / name)
+        rows = pq.read_table(sorted((tmp_path / name).glob("results-*.parquet"))).to_pylist()
+        traced[name] = {r["id"]: TRACED[method_name](r["trace"]) for r in rows}
+    assert len(answers["fnapi"]) == 3 and all(traced["fnapi"].values())
+    assert answers["prism"] == answers["fnapi"] and traced["prism"] == traced["fnapi"]
+    assert answers["flink"] == answers["fnapi"] and traced["flink"] == traced["fnapi"]
+
+
 def test_build_index_on_flink_is_byte_identical(flink, demo_tables, demo_index, tmp_path):
     """build-index (BM25 and exact dense, embedding in the job) on Flink writes the very search
     files the FnApiRunner wrote."""
