@@ -65,9 +65,10 @@ def demo_index(demo_tables, tmp_path_factory) -> Path:
     return index
 
 
-def _pooled_key(corpus: Path, kinds: list[str]) -> str:
+def _pooled_key(corpus: Path, kinds: list[str], vectors: Path | None = None) -> str:
     """What decides an index's content: the corpus, the kinds, the code that writes the index
-    files and embeds the passages, and the embedder's weights (not the job around them)."""
+    files and embeds the passages, and the embedder's weights (not the job around them); with
+    committed ``vectors``, their content."""
     import hashlib
     import inspect
     from specrag.inference.local_encoder import LocalEncoder
@@ -77,6 +78,8 @@ def _pooled_key(corpus: Path, kinds: list[str]) -> str:
     from specrag.transforms.model_handler import BlockHandler
     h = hashlib.sha256(corpus.read_bytes())
     h.update(",".join(kinds).encode())
+    if vectors is not None:
+        h.update(vectors.read_bytes())
     for name in ("base", "bm25", "lucene", "dense"):
         h.update((REPO / "retrieval" / f"{name}.py").read_bytes())
     for obj in (finish_index, assemble_vectors, LocalEncoder, embedding_block, BlockHandler):  # how it embeds
@@ -86,9 +89,11 @@ def _pooled_key(corpus: Path, kinds: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str], only: tuple[str, ...] = ()) -> Path:
-    """Pooled-corpus indexes, cached under a content-hash key (``_pooled_key``): embedding the
-    corpus takes ~10-20 minutes on this machine, so a fresh machine pays it once."""
+def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str], only: tuple[str, ...] = (),
+                  vectors: Path | None = None) -> Path:
+    """Pooled-corpus indexes, cached under a content-hash key (``_pooled_key``). ``vectors``: the
+    passages' committed embeddings (``write_golden_vectors``), given to build-index as precomputed
+    (its --embeddings), so a fresh machine embeds none of them."""
     import shutil
     from specrag.inference.models import cache_dir
     from specrag.pipelines.build_index import run_build_index
@@ -101,15 +106,43 @@ def _pooled_index(imported: Path, tmp_path_factory, kinds: list[str], only: tupl
         table = pq.read_table(corpus)
         corpus = imported / f"pooled_{'_'.join(only)}_corpus.parquet"
         pq.write_table(table.filter(pc.is_in(table.column("id"), value_set=pa.array(sorted(keep)))), corpus)
-    cached = cache_dir() / "test-fixtures" / f"pooled_{'_'.join(kinds)}_{_pooled_key(corpus, kinds)}"
+    key = _pooled_key(corpus, kinds, vectors)
+    cached = cache_dir() / "test-fixtures" / f"pooled_{'_'.join(kinds)}_{key}"
     with _building(cached):
         if not (cached / ".complete").exists():
             staging = tmp_path_factory.mktemp("pooled_" + "_".join(kinds))
-            run_build_index(str(corpus), str(staging), kinds, beam_args=BEAM_ARGS, num_threads=2)
+            embeddings = _embeddings_parquet(vectors, tmp_path_factory.mktemp("embeddings")) if vectors else None
+            run_build_index(str(corpus), str(staging), kinds, beam_args=BEAM_ARGS, num_threads=2,
+                            embeddings=embeddings)
             (staging / ".complete").write_text(str(corpus))
             shutil.rmtree(cached, ignore_errors=True)
             shutil.copytree(staging, cached)
     return cached
+
+
+GOLDEN = REPO / "tests" / "golden"
+POOLED_DENSE_VECTORS = GOLDEN / "pooled_dense" / "vectors.npz"  # ids and float16 MiniLM vectors
+
+
+def _embeddings_parquet(vectors: Path, folder: Path) -> str:
+    """Committed vectors as build-index's precomputed (id, vector) Parquet."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from specrag.pipelines.build_index import EMBEDDINGS
+    with np.load(vectors) as golden:
+        ids, matrix = golden["ids"].tolist(), golden["vectors"].astype(np.float32)
+    path = folder / "vectors.parquet"
+    pq.write_table(pa.Table.from_pydict({"id": ids, "vector": [row.tolist() for row in matrix]}, schema=EMBEDDINGS), path)
+    return str(path)
+
+
+def write_golden_vectors(index: Path, out: Path) -> None:
+    """An index's passage vectors (ids, float16: half the bytes, ~3e-4 from float32) as committed."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    ids = pq.read_table(index / "passages.parquet", columns=["id"]).column("id").to_pylist()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, ids=np.array(ids), vectors=np.load(index / "vectors.npy").astype(np.float16))
 
 
 @contextlib.contextmanager
@@ -130,9 +163,14 @@ def pooled_bm25(imported, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def pooled_dense(imported, tmp_path_factory) -> Path:
-    """Flat, HNSW and IVF indexes of the NQ and PopQA passages of the pooled corpus (~4k
-    passages: embedding all ~15k would take ~20 minutes on a fresh machine, these ~5)."""
-    return _pooled_index(imported, tmp_path_factory, ["dense", "hnsw", "ivf"], only=("nq", "popqa"))
+    """Flat, HNSW and IVF indexes of the NQ and PopQA passages of the pooled corpus (~4k), from
+    their committed MiniLM vectors: embedding them took 6.5 minutes of a fresh machine's `make
+    test`, its longest fixture. test_dense.py's test_committed_vectors_equal_a_fresh_embedding
+    embeds a sample again; SPECRAG_WRITE_GOLDEN=1 embeds them all and rewrites the file."""
+    kinds, only = ["dense", "hnsw", "ivf"], ("nq", "popqa")
+    if os.environ.get("SPECRAG_WRITE_GOLDEN"):
+        write_golden_vectors(_pooled_index(imported, tmp_path_factory, kinds, only=only), POOLED_DENSE_VECTORS)
+    return _pooled_index(imported, tmp_path_factory, kinds, only=only, vectors=POOLED_DENSE_VECTORS)
 
 
 @pytest.fixture(scope="session")

@@ -62,9 +62,9 @@ def _results(out: Path) -> dict:
 
 
 @pytest.mark.parametrize("method_name, settings, n", [
-    ("standard", {"top_k": 3, "max_new_tokens": 24, "batch_invariant": True}, 16),
+    ("standard", {"top_k": 3, "max_new_tokens": 24, "batch_invariant": True}, 8),
     ("speculative-rag", {"top_k": 4, "drafts": 2, "docs_per_draft": 2, "rationale_max_new_tokens": 8,
-                         "answer_max_new_tokens": 16, "batch_invariant": True}, 6),
+                         "answer_max_new_tokens": 16, "batch_invariant": True}, 4),
 ], ids=["standard", "speculative-rag"])
 def test_answers_on_flink_equal_the_fnapi_runner(method_name, settings, n, flink, demo_tables, demo_index, tmp_path):
     """Standard RAG, and Speculative RAG's fan-out into drafts and keyed re-join, on Flink's own

@@ -52,7 +52,7 @@ METHODS = {  # small settings: the claim is about the runtime, not the method's 
 }
 # (method, data, questions): the demo set in CI; 64 PopQA questions over the pooled BM25 index
 # with `make test-full` (6 and 18 minutes here: three runs each)
-CASES = [("standard", "demo", 16), ("speculative-rag", "demo", 6), ("standard", "popqa", 64),
+CASES = [("standard", "demo", 8), ("speculative-rag", "demo", 4), ("standard", "popqa", 64),
          ("speculative-rag", "popqa", 64)]
 PARAMS = [pytest.param(m, d, n, id=f"{m}-{d}-{n}", marks=[pytest.mark.full] if d == "popqa" else [])
           for m, d, n in CASES]

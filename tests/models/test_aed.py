@@ -363,12 +363,14 @@ def trained_predictor(training_labels):
     from conftest import REPO, cached_fixture
     from specrag.pipelines.utility import run_train_utility
     from specrag.training.utility_predictor import UtilityTrainingConfig
-    config = UtilityTrainingConfig(epochs=6, batch_queries=4, max_length=128, held_out=0.25, seed=3, threads=2)
+    # one thread: the other test process computes beside it, and two threads each on 2 cores thrash
+    # (6 epochs took 295 s so in make test, ~1 minute alone)
+    config = UtilityTrainingConfig(epochs=6, batch_queries=4, max_length=128, held_out=0.25, seed=3, threads=1)
 
     def build(out):
         import torch
         threads = torch.get_num_threads()
-        try:  # both cores: the fixture trains alone
+        try:
             report = run_train_utility(str(training_labels), str(out / "model"), config)
         finally:  # the later tests' models run with the session's one thread
             torch.set_num_threads(threads)

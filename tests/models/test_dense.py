@@ -1,4 +1,5 @@
-"""FAISS exact, HNSW and IVF over real MiniLM embeddings of the NQ + PopQA passages (~4k; cached after the first build)."""
+"""FAISS exact, HNSW and IVF over real MiniLM embeddings of the NQ + PopQA passages (~4k, committed
+vectors: conftest.pooled_dense; the index cached after the first build)."""
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -6,6 +7,20 @@ import pytest
 from specrag.retrieval import open_retriever
 
 pytestmark = pytest.mark.slow
+
+
+def test_committed_vectors_equal_a_fresh_embedding(pooled_dense, embedder):
+    """A sample of the committed passage vectors, embedded again by today's embedder and code:
+    equal up to their float16 rounding (a changed model or passage text fails here)."""
+    from conftest import POOLED_DENSE_VECTORS
+    from specrag.retrieval.base import passage_text
+    passages = pq.read_table(pooled_dense / "passages.parquet").to_pylist()
+    vectors = np.load(pooled_dense / "vectors.npy")
+    sample = list(range(0, len(passages), len(passages) // 24))[:24]
+    fresh = embedder.embed([passage_text(passages[i]["title"], passages[i]["text"]) for i in sample])
+    hint = ("the committed dense vectors are stale: rewrite them with SPECRAG_WRITE_GOLDEN=1 pytest "
+            f"tests/models/test_dense.py ({POOLED_DENSE_VECTORS})")
+    np.testing.assert_allclose(fresh, vectors[sample], atol=2e-3, err_msg=hint)
 
 
 @pytest.fixture(scope="module")

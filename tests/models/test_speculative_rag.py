@@ -168,7 +168,8 @@ def test_the_beam_graph_is_the_method(demo_tables, demo_index, tmp_path):
     bad = dict(rows[0], id="demo-too-long", question="why " * 5000)
     path = tmp_path / "queries.parquet"
     pq.write_table(pa.Table.from_pylist(rows + [bad], schema=pq.read_schema(demo_tables[0])), path)
-    method = create_method("speculative-rag", top_k=4, drafts=3, batch_invariant=True)
+    method = create_method("speculative-rag", top_k=4, drafts=3, rationale_max_new_tokens=16, answer_max_new_tokens=12,
+                           batch_invariant=True)  # short drafts: the claim is the graph, not their quality
     runtime = RuntimeConfig(index_dir=str(demo_index)).with_roles(method.model_roles)
     out = tmp_path / "out"
     run_answer(AnswerJob(str(path), str(out), method, runtime, batch_size=8, num_shards=2,

@@ -154,6 +154,7 @@ def test_ralmspec_on_vllm_equals_ralmseq(retriever, step_cache, vllm_backend, de
     assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
 
 
+@pytest.mark.full  # two more vLLM servers (the pooling runner's and a generator's): 103 s of make test
 def test_the_embedder_on_vllms_pooling_runner_retrieves_as_the_local_one(demo_tables, demo_index, tmp_path):
     """--vllm-embed: the dense retriever's embedder (MiniLM) on vLLM's pooling runner, a server of
     its own: its vectors equal the local encoder's to float32 rounding (a text past the encoder's
