@@ -20,7 +20,7 @@ export SPECRAG_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: docs install install-verifier install-triton install-vllm install-openvino install-gpu install-chromium install-prism install-flink flink-start flink-stop demo test test-fast test-full compare-smoke triton-serve clean
+.PHONY: docs install install-verifier install-triton install-vllm install-openvino install-gpu install-chromium engines-after-apt install-prism install-flink flink-start flink-stop demo test test-fast test-full compare-smoke triton-serve clean
 
 install: $(VENV)/.installed
 
@@ -120,12 +120,19 @@ install-chromium:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
+# make test's Chromium, then vLLM (whose install may apt-get tcmalloc), beside the other engines
+engines-after-apt: install-chromium
+	$(MAKE) --no-print-directory install-vllm
+
 # Two test processes (pytest-xdist), a test file each at a time: module fixtures (a trained
 # model, a datastore) are built once, and cached fixtures once across both (a file lock).
 TEST_WORKERS ?= 2
 PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test: install install-triton install-vllm install-chromium install-prism install-flink
+# The engines install side by side (their downloads and builds overlap: minutes off a fresh
+# machine's make test); vLLM's after Chromium's, since each may run apt-get, which takes one lock.
+test: install
+	$(MAKE) --no-print-directory -j4 -Otarget install-triton install-prism install-flink engines-after-apt
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests
 	$(MAKE) compare-smoke

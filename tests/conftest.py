@@ -201,21 +201,6 @@ def cached_fixture(name: str, parts: list[bytes], build) -> Path:
 
 
 @pytest.fixture(scope="session")
-def pooled_triplets(imported) -> Path:
-    """Triplet sets of every pooled-corpus passage (spaCy rules, two worker processes: ~1-2
-    minutes once per machine)."""
-    from specrag.pipelines.extract_triplets import ExtractJob, run_extract_triplets
-    from specrag.transforms.triplets import ExtractorConfig
-    corpus = imported / "pooled_corpus.parquet"
-    code = [(REPO / "retrieval" / f).read_bytes() for f in ("triplets.py", "triplet_rules.py")]
-    code.append((REPO / "transforms" / "triplets.py").read_bytes())
-    build = lambda out: run_extract_triplets(ExtractJob(  # noqa: E731
-        str(corpus), str(out / "triplets"), ExtractorConfig(),
-        beam_args=(*BEAM_ARGS, "--direct_num_workers=2", "--direct_running_mode=multi_processing")))
-    return cached_fixture("pooled_triplets", [corpus.read_bytes(), *code], build) / "triplets"
-
-
-@pytest.fixture(scope="session")
 def generator():
     from specrag.transforms.runtime import load_backend
     return load_backend("local", "smollm2-135m-instruct", 1)

@@ -62,13 +62,13 @@ def _results(out: Path) -> dict:
 
 
 @pytest.mark.parametrize("method_name, settings, n", [
-    ("standard", {"top_k": 3, "max_new_tokens": 24, "batch_invariant": True}, 8),
     ("speculative-rag", {"top_k": 4, "drafts": 2, "docs_per_draft": 2, "rationale_max_new_tokens": 8,
                          "answer_max_new_tokens": 16, "batch_invariant": True}, 4),
-], ids=["standard", "speculative-rag"])
+], ids=["speculative-rag"])
 def test_answers_on_flink_equal_the_fnapi_runner(method_name, settings, n, flink, demo_tables, demo_index, tmp_path):
-    """Standard RAG, and Speculative RAG's fan-out into drafts and keyed re-join, on Flink's own
-    shuffles and state across two TaskManagers, answer as the FnApiRunner does."""
+    """Speculative RAG's fan-out into drafts and keyed re-join, on Flink's own shuffles and state
+    across two TaskManagers, answers as the FnApiRunner does (standard RAG: the deployment guide's
+    command below)."""
     queries = _queries(demo_tables[0], n, tmp_path)
     method = create_method(method_name, **settings)
     runtime = RuntimeConfig(index_dir=str(demo_index)).with_roles(method.model_roles)
@@ -224,17 +224,25 @@ def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, d
 
 def test_the_deployment_guides_flink_command_works_as_written(flink, demo_tables, demo_index, tmp_path):
     """`specrag answer ... $(python deploy/flink/launch.py flags)`, as docs/guide/deployment.md
-    writes it, in a shell, against the running cluster."""
-    queries = _queries(demo_tables[0], 4, tmp_path)
+    writes it, in a shell, against the running cluster: standard RAG answers as on the FnApiRunner
+    (batch-invariant decoding), each worker process loading its model once."""
+    queries = _queries(demo_tables[0], 8, tmp_path)
     launcher = REPO / "deploy" / "flink" / "launch.py"
     specrag = Path(sys.executable).with_name("specrag")
-    command = (f"{specrag} answer --queries {queries} --index {demo_index} --method standard --output {tmp_path / 'out'}"
-               f" $({sys.executable} {launcher} flags --folder {flink.folder})")
+    job = (f"{specrag} answer --queries {queries} --index {demo_index} --method standard --set top_k=3 "
+           "--set max_new_tokens=24 --set batch_invariant=true")
+    command = f"{job} --output {tmp_path / 'out'} $({sys.executable} {launcher} flags --folder {flink.folder})"
     env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
     done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["counters"]["answered"] == 4 and "--runner=FlinkRunner" in manifest["beam_args"]
+    counters = manifest["counters"]
+    assert counters["answered"] == 8 and "--runner=FlinkRunner" in manifest["beam_args"]
+    assert counters["models_loaded"] <= counters["engines_started"]  # one model, once per worker process
+    done = subprocess.run(["bash", "-c", f"{job} --output {tmp_path / 'fnapi'} --runner=FnApiRunner"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _results(tmp_path / "out") == _results(tmp_path / "fnapi")
 
 
 def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_restart(flink, demo_tables,

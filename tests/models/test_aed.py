@@ -272,6 +272,43 @@ def _training_rows(imported) -> list[dict]:
     return rows
 
 
+def _eval_rows(imported) -> list[dict]:
+    """Six NQ questions of the aed_eval split (the answer job's)."""
+    import pyarrow.parquet as pq
+    from specrag.evaluation.splits import load_split
+    evaluation = set(load_split("aed_eval"))
+    return [r for r in pq.read_table(imported / "nq" / "queries.parquet").to_pylist() if r["id"] in evaluation][:6]
+
+
+@pytest.fixture(scope="module")
+def pooled_triplets(imported, pooled_bm25) -> Path:
+    """Triplet sets (spaCy rules) of the pooled-corpus passages these tests' questions retrieve:
+    BM25's top 10 of the 24 training and 6 evaluation questions (the jobs read their top 3 and 4).
+    The whole corpus's ~15k passages took 77 s of a fresh make test, and no test reads the rest."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from conftest import BEAM_ARGS, REPO, cached_fixture
+    from specrag.pipelines.extract_triplets import ExtractJob, run_extract_triplets
+    from specrag.retrieval import open_retriever
+    from specrag.transforms.triplets import ExtractorConfig
+    questions = [r["question"] for r in _training_rows(imported) + _eval_rows(imported)]
+    ids = sorted({h.doc_id for hits in open_retriever(pooled_bm25, "bm25").search(questions, 10) for h in hits})
+    table = pq.read_table(imported / "pooled_corpus.parquet")
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.filter(pc.is_in(table.column("id"), value_set=pa.array(ids))), sink)
+    corpus = sink.getvalue().to_pybytes()
+
+    def build(out):
+        (out / "corpus.parquet").write_bytes(corpus)
+        run_extract_triplets(ExtractJob(str(out / "corpus.parquet"), str(out / "triplets"), ExtractorConfig(),
+                                        beam_args=BEAM_ARGS))
+
+    code = [(REPO / "retrieval" / f).read_bytes() for f in ("triplets.py", "triplet_rules.py")]
+    code.append((REPO / "transforms" / "triplets.py").read_bytes())
+    return cached_fixture("aed_triplets", [corpus, *code], build) / "triplets"
+
+
 def _label(rows, out, pooled_bm25, pooled_triplets, workers: int) -> Path:
     """The label-utility job over ``rows`` (top-3 BM25 passages, their triplet sets and a 24-token
     self-generated passage each); returns its run folder, labels.parquet written."""
@@ -432,11 +469,9 @@ def test_aed_rag_answers_evaluation_questions_with_the_trained_predictor(importe
     import pyarrow as pa
     import pyarrow.parquet as pq
     from specrag.evaluation.report import evaluate_run
-    from specrag.evaluation.splits import load_split
     from specrag.pipelines.answer import AnswerJob, run_answer
     from specrag.transforms.runtime import RuntimeConfig
-    evaluation = set(load_split("aed_eval"))
-    rows = [r for r in pq.read_table(imported / "nq" / "queries.parquet").to_pylist() if r["id"] in evaluation][:6]
+    rows = _eval_rows(imported)
     queries = tmp_path / "eval.parquet"
     pq.write_table(pa.Table.from_pylist(rows), queries)
     method = create_method("aed-rag", top_k=4, ss_max_new_tokens=32, max_new_tokens=16)

@@ -8,7 +8,7 @@ import pytest
 from specrag.inference.types import NextToken
 from specrag.methods.knnlm import mix_next_token
 
-QUESTIONS = 24  # enough for speculation to hit and miss many times; each costs real LM steps
+QUESTIONS = 16  # enough for speculation to hit and miss many times; each costs real LM steps
 PASSAGES = 150  # ~17k datastore entries: the LM over 150 passages and an HNSW build, ~1.5 min here
 
 

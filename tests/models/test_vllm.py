@@ -97,15 +97,17 @@ def test_standard_rag_job_on_vllm(vllm_backend, demo_tables, demo_index, tmp_pat
 ], ids=["speculative-rag", "sps"])
 def test_drafting_methods_on_vllm_select_as_on_the_local_backend(method_name, settings, vllm_backend, demo_tables,
                                                                demo_index, tmp_path):
-    """Speculative RAG (drafter generate, verifier score: SmolLM2 and Gemma 3, each its own vLLM
-    server) and SPS (generate and score on vLLM, its consistency embedder on the local backend,
-    vLLM serving only causal LMs) as Beam jobs: each draft is selected as it is on the local
-    backend (float32; the scores agree to rounding), and Speculative RAG's choice is the argmax
-    of the scores it recorded."""
+    """Speculative RAG (drafter generate, verifier score, both SmolLM2 on the module's vLLM server:
+    a second server for Gemma 3 cost ~50 s of make test) and SPS (generate and score on vLLM, its
+    consistency embedder on the local backend, vLLM serving only causal LMs) as Beam jobs: each
+    draft is selected as it is on the local backend (float32; the scores agree to rounding), and
+    Speculative RAG's choice is the argmax of the scores it recorded."""
     method = create_method(method_name, **settings)
+    models = tuple((role, MODEL if role in ("drafter", "verifier") else name) for role, name in RuntimeConfig().models)
     rows = {}
     for backend, extra in (("vllm", {"backend_configs": (CONFIG,)}), ("local", {})):
-        runtime = RuntimeConfig(backend=backend, index_dir=str(demo_index), **extra).with_roles(method.model_roles)
+        runtime = RuntimeConfig(backend=backend, models=models, index_dir=str(demo_index),
+                                **extra).with_roles(method.model_roles)
         out = tmp_path / backend
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=6))
         rows[backend] = {r["id"]: r for r in pq.read_table(sorted(out.glob("results-*.parquet"))).to_pylist()}
