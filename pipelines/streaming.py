@@ -31,22 +31,21 @@ import apache_beam as beam
 from apache_beam.coders import StrUtf8Coder
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
-from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import Duration
 
 from specrag.methods.base import QueryState
-from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import validate_query
 from specrag.jobio.files import delete, exists, join, match_files, read_parquet, read_text, write_text
-from specrag.jobio.run_folder import ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFolder
+from specrag.jobio.job_run import job_run
+from specrag.jobio.run_folder import ANSWER
 from specrag.pipelines.identity import run_fingerprint, run_identity
 from specrag.pipelines.manifest import job_counters, write_manifest
+from specrag.pipelines.answer_tail import run_method, write_dead_letters, write_results
 from specrag.pipelines.options import StreamSettings, new_pipeline
-from specrag.transforms.counters import count_dead_letter, count_element, counted_result_row
+from specrag.transforms.counters import count_element
 from specrag.transforms.progress import CountProgress, progress_dir, watch_progress
 from specrag.transforms.records import DEAD
-from specrag.transforms.sinks import WriteParquetShards
-from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
+from specrag.transforms.stages import NAMESPACE
 from specrag.transforms.streams import (AdmitRows, DedupeIds, KafkaQueries, MarkEndOfInput, PubSubQueries,
                                         SkipFinished, WatchQueryFiles, can_watch, is_kafka, is_pubsub, kafka_source,
                                         watch_pattern)
@@ -191,28 +190,14 @@ def build_streaming_answer_pipeline(p: beam.Pipeline, job, stream: StreamSetting
              | "CountQueries" >> beam.Map(count_element("queries_in"))
              | "KeyByQuery" >> beam.Map(lambda q: (q["id"], QueryState(query=q))))
     dead = [admitted[DEAD] | "WindowRejected" >> _windows(stream), deduped[DEAD] | "WindowDuplicates" >> _windows(stream)]
-    shared = Shared()
-    failed = []
-    for segment in method_segments(job.method.stages()):
-        keyed, stage_dead = keyed | segment_label(segment) >> RunSegment(
-            segment, job.runtime, shared, execution="streaming", gather_timeout_s=job.gather_timeout_s)
-        failed.extend(stage_dead)
+    answered, failed = run_method(keyed, job, "streaming")
     failed = failed | "FlattenFailed" >> beam.Flatten() | "ProgressFailed" >> CountProgress(progress, "failed")
-    results = (keyed | "ToResultRows" >> beam.Map(counted_result_row, job.method.name, fingerprint)
-               | "ProgressAnswered" >> CountProgress(progress, "done"))
-    _ = results | "WriteResults" >> WriteParquetShards(join(out, f"results-{STREAM_PREFIX}"), job.method.results_schema(),
-                                                       job.shard_rows, counter="results", lease_token=lease_token,
-                                                       windowed=True)
+    results = write_results(answered, job, fingerprint, f"results-{STREAM_PREFIX}", lease_token, windowed=True)
     # each kind of dead letter is written by the stage that makes it, as results are: flattened
     # first, the FnApiRunner's streaming mode wrote them only when the job stopped
-    dead_ones = []
-    for name, rows in (("Rejected", dead[0]), ("Duplicates", dead[1]), ("Failed", failed)):
-        rows = (rows | f"Count{name}" >> beam.Map(count_dead_letter)
-                | f"ProgressDead{name}" >> CountProgress(progress, "dead"))
-        _ = rows | f"Write{name}" >> WriteParquetShards(join(out, f"dead_letters-{STREAM_PREFIX}"), DEAD_LETTERS,
-                                                         job.shard_rows, counter="dead_letters",
-                                                         lease_token=lease_token, windowed=True)
-        dead_ones.append(rows | f"One{name}" >> beam.Map(lambda _: ("dead_letters", 1)))
+    dead_ones = [write_dead_letters(rows, job, f"dead_letters-{STREAM_PREFIX}", lease_token, kind, windowed=True)
+                 | f"One{kind}" >> beam.Map(lambda _: ("dead_letters", 1))
+                 for kind, rows in (("Rejected", dead[0]), ("Duplicates", dead[1]), ("Failed", failed))]
     counts = ((results | "OneResult" >> beam.Map(lambda _: ("results", 1)), *dead_ones)
               | "AllRows" >> beam.Flatten()
               | "PerWindow" >> beam.CombinePerKey(sum))
@@ -269,28 +254,49 @@ def end_of_input_marker(job) -> str | None:
     return join(job.output, ENDED_MARKER) if ends_by_cancel(job) and not is_kafka(job.queries) else None
 
 
-def cancel_job(result, beam_args) -> None:
+FLINK_TERMINAL = ("FINISHED", "FAILED", "CANCELED")
+
+
+def cancel_job(result, beam_args, wait_s: float = 60) -> None:
     """Cancels the job on its runner. On Flink, Beam's portable cancel only interrupts the job
     server's wait for the job: the Flink job went on RUNNING with its slots held after the
     launcher had exited, so there it is cancelled through Flink's REST API (``--flink_master``)
-    by its job name (``--job_name``, which the launcher sets unless given)."""
+    by its job name (``--job_name``, which the launcher sets unless given), first, and waited for
+    until Flink says it has ended (at most ``wait_s``): the portable cancel ends the launcher's
+    wait, and a launcher that exited before its REST call had gone left the job running."""
     from apache_beam.options.pipeline_options import FlinkRunnerOptions, GoogleCloudOptions, PipelineOptions
-    with contextlib.suppress(Exception):
-        result.cancel()
     options = PipelineOptions(list(beam_args))
     master, name = options.view_as(FlinkRunnerOptions).flink_master, options.view_as(GoogleCloudOptions).job_name
-    if runner_name(beam_args) != "FlinkRunner" or not name or master in (None, "[auto]", "[local]"):
-        return
+    if runner_name(beam_args) == "FlinkRunner" and name and master not in (None, "[auto]", "[local]"):
+        _cancel_flink_job(master if "://" in master else f"http://{master}", name, wait_s)
+    with contextlib.suppress(Exception):
+        result.cancel()
+
+
+def _cancel_flink_job(rest: str, name: str, wait_s: float) -> None:
+    """Asks Flink to cancel every live job named ``name`` until none is left (a request that was
+    lost, or a busy JobManager's slow answer, is asked again) or ``wait_s`` has passed."""
     import urllib.request
-    rest = master if "://" in master else f"http://{master}"
-    try:
-        jobs = json.load(urllib.request.urlopen(f"{rest}/jobs/overview", timeout=10))["jobs"]
-        for flink_job in jobs:
-            if flink_job["name"] == name and flink_job["state"] not in ("FINISHED", "FAILED", "CANCELED"):
-                urllib.request.urlopen(urllib.request.Request(f"{rest}/jobs/{flink_job['jid']}?mode=cancel",
-                                                              method="PATCH"), timeout=10)
-    except OSError as e:
-        log.warning("could not cancel the Flink job %s through %s: %s", name, rest, e)
+    deadline, asked, error = time.time() + wait_s, 0.0, None
+    while True:
+        try:
+            jobs = json.load(urllib.request.urlopen(f"{rest}/jobs/overview", timeout=10))["jobs"]
+            live = [j for j in jobs if j["name"] == name and j["state"] not in FLINK_TERMINAL]
+            if not live:
+                return
+            if time.time() - asked > 10:  # again while it is not cancelling yet (CANCELLING takes a while)
+                for flink_job in live:
+                    if flink_job["state"] != "CANCELLING":
+                        urllib.request.urlopen(urllib.request.Request(
+                            f"{rest}/jobs/{flink_job['jid']}?mode=cancel", method="PATCH"), timeout=10)
+                asked = time.time()
+        except OSError as e:
+            error = e
+        if time.time() > deadline:
+            log.warning("the Flink job %s did not end within %.0f s of its cancel through %s%s", name, wait_s, rest,
+                        f": {error}" if error else "")
+            return
+        time.sleep(0.5)
 
 
 def runner_name(beam_args) -> str:
@@ -352,7 +358,10 @@ class CancelWhenDrained:
         return self
 
     def stop(self) -> None:
+        """Stops watching; a cancel under way is finished first (the launcher must not exit
+        while the cluster's job is still being cancelled)."""
         self._stop.set()
+        self._thread.join()
 
     def drained(self) -> bool:
         from specrag.transforms.progress import count_rows, read_progress
@@ -404,14 +413,10 @@ def run_streaming_answer(job, rows=None) -> dict:
     run fails or is killed)."""
     stream: StreamSettings = job.stream
     out = job.output
-    folder = RunFolder(out, ANSWER)
     identity = run_identity(job)
     fingerprint = run_fingerprint(identity)
-    if job.resume:
-        folder.check_resumable(identity)
-    with folder.writing(resume=job.resume, overwrite=job.overwrite) as lease:
-        write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
-        write_text(join(out, INPUTS_FILE), json.dumps([{"stream": job.queries}], indent=2))
+    with job_run(out, ANSWER, identity, resume=job.resume, overwrite=job.overwrite,
+                 recorded_inputs=[{"stream": job.queries}]) as run:
         done = finished_ids_files(out) if job.resume else []
         if not is_pubsub(job.queries):  # a restarted watch or Kafka read sees its rows again: they are judged again
             delete(match_files(join(out, f"dead_letters-{STREAM_PREFIX}-*.parquet")))
@@ -421,13 +426,13 @@ def run_streaming_answer(job, rows=None) -> dict:
                 "identity": identity, "runtime": job.runtime.to_dict(), "source": job.queries,
                 "beam_args": list(beam_args), **settings_manifest(stream),
                 "resumed": {"earlier_result_files": len(done)} if job.resume else None,
-                **({"lease_takeover": lease.took_over} if lease.took_over else {}),
+                **({"lease_takeover": run.took_over} if run.took_over else {}),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **job.extra_manifest}
         write_manifest(out, {**base, "status": "running"})
         started = time.time()
         p = new_pipeline(beam_args)
         build_streaming_answer_pipeline(p, job, stream, rows=rows(p) if rows else None, finished_files=done,
-                                        fingerprint=fingerprint, lease_token=lease.token, manifest_base=base)
+                                        fingerprint=fingerprint, lease_token=run.token, manifest_base=base)
         label = f"answer {job.method.name} (streaming)"
         marker = join(out, STOP_MARKER)
         ended = end_of_input_marker(job)
