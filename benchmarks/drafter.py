@@ -69,8 +69,9 @@ def prepare(data: Path, index: Path, work: Path, per_dataset: int = TRAIN_PER_DA
                 "--shard_rows", "1", "--max_in_flight", "16", *TWO_WORKERS, *resume)
         # each verdict is committed as it comes; 16 questions in flight a worker (one engine batch, not the
         # default 64) make them come steadily, so a session's stop loses at most 32 questions' work
+    from specrag.training.state import partial_dir
     specrag("train-drafter", "--rationales", str(synthesis), "--output", str(folder), "--checkpoint-every", "20",
-            "--threads", "2")
+            "--threads", "2", *(["--resume"] if partial_dir(folder).is_dir() else []))  # a killed run's checkpoint
     warn_other_drafter_weights(folder)
     return folder
 

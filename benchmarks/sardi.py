@@ -112,9 +112,11 @@ def prepare(data_dir: str, n_questions: int, train: dict = TRAIN, work: Path = W
         subset.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows), subset)
         schedule = replayed(TRAINING, recorded["report"]["best_step"]) if replay else TRAINING
+        from specrag.training.state import partial_dir
         specrag("train-denoiser", "--queries", str(subset), "--index", str(index), "--output", str(denoiser),
                 "--base", BASE, "--max-positions", "1024", "--response-tokens", str(WINDOW),
-                "--passage-words", str(PASSAGE_WORDS), *schedule, "--threads", "2")
+                "--passage-words", str(PASSAGE_WORDS), *schedule, "--threads", "2",
+                *(["--resume"] if partial_dir(denoiser).is_dir() else []))  # a killed run's checkpoint
     weights = model_identity(str(denoiser)).rsplit("@", 1)[1]
     if recorded is not None and recorded.get("weights", weights) != weights:
         raise SystemExit(f"{denoiser} holds weights {weights}, its committed record {record} names "

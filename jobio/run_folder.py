@@ -80,6 +80,9 @@ EXTRACT_TRIPLETS = RunLayout(
     results="extracted-*.parquet", id_column="passage_id", unit="passages")
 INDEX = RunLayout("build-index", (("an index", MANIFEST_FILE),), None, dead_letters="dead_letters*.parquet",
                   unit="passages")
+# a training command's model folder: any file there is an earlier model (or its dead letters)
+TRAINED_MODEL = RunLayout("train", (("files (a model or its dead letters)", "[!.]*"),), None,
+                          dead_letters="dead_letters.parquet")
 DATASTORE = RunLayout("build-datastore", (("a datastore", MANIFEST_FILE),), None, dead_letters="dead_letters*.parquet",
                       unit="passages")
 
@@ -240,16 +243,21 @@ class RunFolder:
     def check_resumable(self, identity: dict[str, Any]) -> None:
         """Refuse to resume a folder whose earlier run had another identity, saying what differs.
         The identity file is written before a run starts, so it covers every result file there."""
-        path = join(self.path, IDENTITY_FILE)
-        if not exists(path):
+        earlier = self.recorded_identity()
+        if earlier is None:
             if match_files(join(self.path, self.layout.results)):
                 raise ValueError(f"cannot resume {self.path}: it holds results but no {IDENTITY_FILE} that says how "
                                  "they were made; use --overwrite or a new output folder")
             return
-        diffs = identity_differences(read_json(path), json.loads(json.dumps(identity, default=str)))
+        diffs = identity_differences(earlier, json.loads(json.dumps(identity, default=str)))
         if diffs:
             raise ValueError(f"cannot resume {self.path}: its results were made with a different run identity "
                              f"({'; '.join(diffs)}); use the same settings, --overwrite, or a new output folder")
+
+    def recorded_identity(self) -> dict | None:
+        """The identity the run here was started with (written before its first result), or None."""
+        path = join(self.path, IDENTITY_FILE)
+        return read_json(path) if exists(path) else None
 
     def recorded_inputs(self) -> list[dict] | None:
         """What the input files of the run here held (``input_contents``), from inputs.json or, for a
@@ -473,5 +481,5 @@ def rows_not_contained(earlier: list[str], files: list[str]) -> list[str]:
 
 
 __all__ = ["ANSWER", "ASIDE", "DATASTORE", "EXTRACT_TRIPLETS", "EarlierRun", "FAILED", "IDENTITY_FILE", "INDEX",
-           "INPUTS_FILE", "LEASE_FILE", "MANIFEST_FILE", "RunFailed", "RunFolder", "RunLayout", "failure_share",
+           "INPUTS_FILE", "LEASE_FILE", "MANIFEST_FILE", "RunFailed", "RunFolder", "RunLayout", "TRAINED_MODEL", "failure_share",
            "identity_differences", "input_contents", "read_json", "reconciliation_line", "rows_not_contained", "slug"]

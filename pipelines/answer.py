@@ -19,27 +19,26 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
-from apache_beam.utils.shared import Shared
 
 from specrag.methods.base import Method, QueryState
-from specrag.schemas.tables import DEAD_LETTERS, QUERY_COLUMNS
+from specrag.schemas.tables import QUERY_COLUMNS
 from specrag.schemas.validation import validate_query
-from specrag.jobio.files import exists, join, read_text, write_text
-from specrag.jobio.run_folder import (ANSWER, IDENTITY_FILE, INPUTS_FILE, RunFailed, RunFolder,  # noqa: F401
-                                      failure_share, input_contents, reconciliation_line)
+from specrag.jobio.files import exists, join, read_text
+from specrag.jobio.job_run import JobRun, job_run
+from specrag.jobio.run_folder import ANSWER, failure_share, input_contents
 from specrag.pipelines.manifest import job_counters, write_manifest
 from specrag.pipelines.identity import keep_earlier_prefill, run_fingerprint, run_identity  # noqa: F401
 from specrag.pipelines.options import (AnswerOptions, GrowOptions, OutputOptions, ReplaceOptions, RuntimeOptions,
                                        StreamOptions, dataflow_template, in_process_runner, job_options,
                                        new_pipeline)
+from specrag.pipelines.answer_tail import run_method, write_dead_letters, write_results
 from specrag.pipelines.streaming import check_streaming_input, run_streaming_answer
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
-from specrag.transforms.sinks import WriteParquetShards
-from specrag.transforms.progress import CountProgress, count_ids, count_rows, progress_dir, watch_progress
-from specrag.transforms.counters import count_dead_letter, count_element, counted_result_row
+from specrag.transforms.progress import count_ids, count_rows, watch_progress
+from specrag.transforms.counters import count_element
 from specrag.transforms.runtime import RuntimeConfig
-from specrag.transforms.stages import NAMESPACE, RunSegment, method_segments, segment_label
+from specrag.transforms.stages import NAMESPACE
 from specrag.transforms.validate import ReadIds, ValidateRows
 
 
@@ -97,7 +96,6 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     """The job's graph. ``finished_files``: earlier results, read by the job itself and
     anti-joined with the input by id in the validation's GroupById (no ids in the graph).
     ``lease_token``: every shard commit checks that the output folder's lease is still this run's."""
-    out = job.output
     read = ReadParquetRows(job.queries, job.bad_files, job.limit)
     finished = p | "ReadFinished" >> ReadIds(finished_files, "id") if finished_files else None
     validator = functools.partial(validate_query, task_types=job.method.task_types)
@@ -110,24 +108,11 @@ def build_answer_pipeline(p: beam.Pipeline, job: AnswerJob, finished_files: list
     dead = [dead_rows]
     if read.bad:
         dead.append(read.dead_letters(p))
-    shared = Shared()  # one engine per worker process for every segment of the job
-    for segment in method_segments(job.method.stages()):
-        keyed, stage_dead = keyed | segment_label(segment) >> RunSegment(
-            segment, job.runtime, shared, execution=job.execution, batch_size=job.batch_size,
-            num_shards=job.num_shards, gather_timeout_s=job.gather_timeout_s)
-        dead.extend(stage_dead)
-    name, fp = job.method.name, fingerprint or run_fingerprint(run_identity(job))
-    (keyed
-     | "ToResultRows" >> beam.Map(counted_result_row, name, fp)
-     | "ProgressAnswered" >> CountProgress(progress_dir(out), "done")
-     | "WriteResults" >> WriteParquetShards(join(out, f"results-{attempt:03d}"), job.method.results_schema(),
-                                            job.shard_rows, counter="results", lease_token=lease_token))
-    (dead
-     | "FlattenDeadLetters" >> beam.Flatten()
-     | "CountDeadLetters" >> beam.Map(count_dead_letter)
-     | "ProgressDead" >> CountProgress(progress_dir(out), "dead")
-     | "WriteDeadLetters" >> WriteParquetShards(join(out, f"dead_letters-{attempt:03d}"), DEAD_LETTERS,
-                                                job.shard_rows, counter="dead_letters", lease_token=lease_token))
+    answered, failed = run_method(keyed, job, job.execution, batch_size=job.batch_size, num_shards=job.num_shards)
+    write_results(answered, job, fingerprint or run_fingerprint(run_identity(job)), f"results-{attempt:03d}",
+                  lease_token)
+    write_dead_letters([*dead, *failed] | "FlattenDeadLetters" >> beam.Flatten(), job, f"dead_letters-{attempt:03d}",
+                       lease_token)
 
 
 def run_answer(job: AnswerJob) -> dict:
@@ -155,31 +140,23 @@ def run_answer(job: AnswerJob) -> dict:
         build_answer_pipeline(p, job, [], 0, fingerprint, None)
         p.run()
         return {"job": "answer", "template": template, "run_fingerprint": fingerprint, "identity": identity}
-    folder = RunFolder(job.output, ANSWER)
     inputs = dataset_fingerprint(expand_inputs(job.queries), job.limit)
-    grown = None
-    if job.resume:
-        folder.check_resumable(identity)
-        earlier = dataset_fingerprint(expand_inputs(job.grow_from)) if job.grow_from else None
-        grown = folder.check_inputs(inputs, earlier, job.grow_from or "")
-    with folder.writing(resume=job.resume, overwrite=job.overwrite) as lease:
-        manifest = _run(job, folder, identity, fingerprint, inputs, lease.token, grown, lease.took_over)
-        folder.judge(manifest["reconciliation"], job.max_failure_fraction)
+    earlier = dataset_fingerprint(expand_inputs(job.grow_from)) if job.resume and job.grow_from else None
+    with job_run(job.output, ANSWER, identity, resume=job.resume, overwrite=job.overwrite, inputs=inputs,
+                 grow_from=earlier, grow_from_name=job.grow_from or "") as run:
+        manifest = _run(job, run, identity, fingerprint, inputs)
+        run.judge(manifest["reconciliation"], job.max_failure_fraction)
     return manifest
 
 
-def _run(job: AnswerJob, folder: RunFolder, identity: dict, fingerprint: str, inputs: dict, lease_token: str,
-         grown: dict | None = None, took_over: dict | None = None) -> dict:
-    out = job.output
-    # written before the run: a killed run can still only be resumed with the same identity and inputs
-    write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
-    write_text(join(out, INPUTS_FILE), json.dumps(input_contents(inputs), indent=2))
+def _run(job: AnswerJob, run: JobRun, identity: dict, fingerprint: str, inputs: dict) -> dict:
+    out, folder = job.output, run.folder
     done, attempt = folder.finished() if job.resume else ([], 0)
     folder.clear_for_attempt(job.resume)
     job.method.warn_departures()
     started = time.time()
     p = new_pipeline(job.beam_args)
-    build_answer_pipeline(p, job, done, attempt, fingerprint, lease_token)
+    build_answer_pipeline(p, job, done, attempt, fingerprint, run.token)
     total = count_rows(expand_inputs(job.queries))
     if total is not None and job.limit is not None:
         total = min(total, job.limit)
@@ -195,8 +172,8 @@ def _run(job: AnswerJob, folder: RunFolder, identity: dict, fingerprint: str, in
     rec = folder.reconcile(inputs)
     earlier = json.loads(read_text(join(out, "manifest.json"))) if job.resume and exists(join(out, "manifest.json")) else {}
     this = {"attempt": attempt, "wall_s": wall, "counters": counters,
-            **({"grew_from": input_contents(grown)} if grown else {}),  # the input its earlier attempts answered
-            **({"lease_takeover": took_over} if took_over else {})}  # a killed run's lease this attempt took
+            **({"grew_from": input_contents(run.grown)} if run.grown else {}),  # the input its earlier attempts answered
+            **({"lease_takeover": run.took_over} if run.took_over else {})}  # a killed run's lease this attempt took
     attempts = [*(earlier.get("attempts") or []), this]
     manifest = write_manifest(out, {
         "job": "answer",

@@ -28,7 +28,8 @@ from specrag.retrieval.datastore import KINDS, write_datastore
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS
 from specrag.schemas.validation import validate_passage
 from specrag.jobio import files
-from specrag.jobio.run_folder import DATASTORE, RunFolder
+from specrag.jobio.job_run import job_run
+from specrag.jobio.run_folder import DATASTORE
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
 from specrag.transforms.progress import CountProgress, count_rows, progress_dir, watch_progress
@@ -123,11 +124,10 @@ def run_build_datastore(corpus: str, out_dir: str, *, model: str = "smollm2-135m
     replaced only with ``overwrite`` (and comes back if the rebuild fails); raises RunFailed, the
     datastore written, when more passages than ``max_failure_fraction`` ended as dead letters."""
     expand_tables(corpus, PASSAGE_COLUMNS, "corpus")  # before the folder is touched
-    folder = RunFolder(str(out_dir), DATASTORE)
-    with folder.writing(overwrite=overwrite):
+    with job_run(str(out_dir), DATASTORE, overwrite=overwrite) as run:
         manifest = _build_datastore(corpus, str(out_dir), model=model, max_tokens=max_tokens, max_entries=max_entries,
                                     kinds=kinds, num_threads=num_threads, dtype=dtype, beam_args=beam_args)
-        folder.judge(folder.account(manifest["datastore"]["passages"]), max_failure_fraction)
+        run.judge(run.folder.account(manifest["datastore"]["passages"]), max_failure_fraction)
     return manifest
 
 

@@ -33,7 +33,8 @@ from specrag.retrieval.index import DENSE_KINDS, KINDS, finish_index
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS, PASSAGES
 from specrag.schemas.validation import validate_passage
 from specrag.jobio import files
-from specrag.jobio.run_folder import INDEX, RunFolder
+from specrag.jobio.job_run import job_run
+from specrag.jobio.run_folder import INDEX
 from specrag.transforms.model_handler import BackendModelHandler, BlockHandler
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
@@ -129,10 +130,9 @@ def run_build_index(corpus: str, index_dir: str, kinds: list[str], *, embedder: 
                               backend_configs=backend_configs, embeddings=embeddings)
     if dataflow_template(beam_args):  # the job's graph written for Dataflow: the folder is not touched
         return build()
-    folder = RunFolder(str(index_dir), INDEX)
-    with folder.writing(overwrite=overwrite):
+    with job_run(str(index_dir), INDEX, overwrite=overwrite) as run:
         manifest = build()
-        folder.judge(folder.account(manifest["index"]["passages"]), max_failure_fraction)
+        run.judge(run.folder.account(manifest["index"]["passages"]), max_failure_fraction)
     return manifest
 
 

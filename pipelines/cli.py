@@ -153,7 +153,7 @@ def cmd_train_drafter(args, extra) -> int:
                                    checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads)
     try:
         report = run_train_drafter(args.rationales, args.output, config, base=args.base, overwrite=args.overwrite,
-                                   max_failure_fraction=args.max_failure_fraction,
+                                   resume=args.resume, max_failure_fraction=args.max_failure_fraction,
                                    progress=lambda line: print(line, file=sys.stderr, flush=True))
     except TrainingInputFailed as e:
         print(f"specrag train-drafter: failed: {e}", file=sys.stderr)
@@ -177,7 +177,7 @@ def cmd_train_utility(args, extra) -> int:
     from specrag.pipelines.training_inputs import TrainingInputFailed
     try:
         report = run_train_utility(args.labels, args.output, config, threads=args.threads, overwrite=args.overwrite,
-                                   max_failure_fraction=args.max_failure_fraction)
+                                   resume=args.resume, max_failure_fraction=args.max_failure_fraction)
     except TrainingInputFailed as e:
         print(f"specrag train-utility: failed: {e}", file=sys.stderr)
         return 1
@@ -205,7 +205,8 @@ def cmd_train_denoiser(args, extra) -> int:
     try:
         report = run_train_denoiser(args.queries, args.index, args.output, config, split=args.split, top_k=args.top_k,
                                     passage_words=args.passage_words, max_passages=args.max_passages,
-                                    overwrite=args.overwrite, max_failure_fraction=args.max_failure_fraction,
+                                    overwrite=args.overwrite, resume=args.resume,
+                                    max_failure_fraction=args.max_failure_fraction,
                                     base=args.base, progress=lambda line: print(line, file=sys.stderr, flush=True),
                                     step_words=args.step_words, probe_questions=args.probe_questions)
     except TrainingInputFailed as e:
@@ -301,7 +302,10 @@ def _add_job_options(p: argparse.ArgumentParser, command: str) -> None:
 
 def _add_training_output_options(p: argparse.ArgumentParser) -> None:
     """The Beam jobs' rules for earlier output and failed rows (ReplaceOptions), for a training command."""
-    p.add_argument("--overwrite", action="store_true", help="replace the model already in --output (refused without it)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the model already in --output (refused without it; it comes back if training fails)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a killed run from its checkpoint (OUTPUT.partial; refused without it)")
     p.add_argument("--max-failure-fraction", type=float, default=0.5,
                    help="fail before training when a larger share of the input rows cannot be used "
                         "(they are written to OUTPUT/dead_letters.parquet either way)")
@@ -376,7 +380,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", type=float, default=0.05, help="share of examples kept back for the loss check")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (0: at the end only); the one with the lowest held-out loss is "
-                        "kept, and a killed run resumes from OUTPUT.partial")
+                        "kept, and --resume continues a killed run from OUTPUT.partial")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     _add_training_output_options(p)
@@ -421,7 +425,7 @@ def parser() -> argparse.ArgumentParser:
                                                              "window's limit applies either way)")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="trace-stage steps between checkpoints (0: at the end only); each is measured, written to "
-                        "OUTPUT.partial (a rerun resumes from it), and the best is kept")
+                        "OUTPUT.partial (--resume continues a killed run from it), and the best is kept")
     p.add_argument("--patience", type=int, default=0, help="stop after this many checkpoints without a better score")
     p.add_argument("--stop-at-step", type=int, default=0,
                    help="train the trace stage to this step and keep it, no checkpoint or probe before it: replays a "

@@ -166,53 +166,53 @@ def answer_probe(questions: Sequence[dict], retriever, config, *, top_k: int, pa
 
 def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split: str = "aed_train",
                        top_k: int = 7, passage_words: int = 40, max_passages: int = 0, overwrite: bool = False,
-                       max_failure_fraction: float = 0.5, base: str = BASE_MODEL, progress=None,
+                       resume: bool = False, max_failure_fraction: float = 0.5, base: str = BASE_MODEL, progress=None,
                        step_words: int = 0, probe_questions: int = 0) -> dict:
     """Traces of the split's questions among ``queries`` (a Parquet glob), corpus passages of
     the index, then training; returns the report. Query rows that fail validation are dead
     letters beside the model (pipelines/training_inputs.py). ``probe_questions`` > 0: at each
     checkpoint that many held-out questions (those of the held-back traces) are answered
     (``answer_probe``), and the best checkpoint by their F1 is kept."""
-    from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows
+    from specrag.pipelines.training_inputs import check_failures, split_rows, training_run
     from specrag.schemas.validation import validate_query
-    refuse_existing_model(out_dir, overwrite)
-    from specrag.evaluation.splits import load_split, split_fingerprint
-    from specrag.training.denoiser import train_denoiser
-    from specrag.retrieval.index import open_retriever
-    from specrag.jobio.tables import read_table
-    from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
-    from specrag.retrieval.base import passage_text
-    allowed = set(load_split(split))
-    files = expand_inputs(queries)
-    rows = [r for f in files for r in read_table(f).to_pylist() if r.get("id") in allowed]
-    rows, dead = split_rows(rows, lambda r: (validate_query(r), r)[1], "train-denoiser")
-    check_failures(out_dir, dead, len(rows) + len(dead), max_failure_fraction, f"questions of split {split!r}")
-    rows.sort(key=lambda r: r["id"])
-    if not rows:
-        raise ValueError(f"no question of split {split!r} in {queries!r}")
-    retriever = open_retriever(index, "bm25")
-    traces = build_traces(rows, retriever, config, top_k=top_k, passage_words=passage_words, base=base,
-                          step_words=step_words)
-    if not traces:
-        raise ValueError(f"no trace: none of the {len(rows)} questions of {split!r} has gold passages holding its "
-                         "answer within the evidence cut")
-    store = retriever.store
-    passages = [passage_text(t, x) for t, x in zip(store.titles, store.texts)]
-    if max_passages:
-        passages = passages[:max_passages]
-    probe = None
-    if probe_questions and not config.stop_at_step:  # a replay keeps its recorded step: nothing to choose
-        from specrag.training.denoiser import split_held_out
-        held = {t.id for t in split_held_out(traces, config.held_out, config.seed)[1]}
-        probed = [r for r in rows if r["id"] in held][:probe_questions]
-        probe = answer_probe(probed, retriever, config, top_k=top_k, passage_words=passage_words) if probed else None
-    report = train_denoiser(passages, traces, config, out_dir, base=base, progress=progress, probe=probe, provenance={
-        "split": split_fingerprint(split), "queries": dataset_fingerprint(files),
-        "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
-        "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
-                     "golds": "forced into the top-k"},
-        "questions": len(rows), "traces_kept": len(traces), "dead_letters": len(dead), "step_words": step_words,
-        "probe": {"questions": probe_questions, "method": "sardi, query=question (DLM static), tau_c=0.9, end_after_text",
-                  "from": "the held-back traces' questions"} if probe else None,
-        "kept": "traces whose answer (other than yes/no) occurs in the evidence as cut"})
-    return {**asdict(report), "dead_letters": len(dead)}
+    with training_run(out_dir, resume=resume, overwrite=overwrite):
+        from specrag.evaluation.splits import load_split, split_fingerprint
+        from specrag.training.denoiser import train_denoiser
+        from specrag.retrieval.index import open_retriever
+        from specrag.jobio.tables import read_table
+        from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
+        from specrag.retrieval.base import passage_text
+        allowed = set(load_split(split))
+        files = expand_inputs(queries)
+        rows = [r for f in files for r in read_table(f).to_pylist() if r.get("id") in allowed]
+        rows, dead = split_rows(rows, lambda r: (validate_query(r), r)[1], "train-denoiser")
+        check_failures(out_dir, dead, len(rows) + len(dead), max_failure_fraction, f"questions of split {split!r}")
+        rows.sort(key=lambda r: r["id"])
+        if not rows:
+            raise ValueError(f"no question of split {split!r} in {queries!r}")
+        retriever = open_retriever(index, "bm25")
+        traces = build_traces(rows, retriever, config, top_k=top_k, passage_words=passage_words, base=base,
+                              step_words=step_words)
+        if not traces:
+            raise ValueError(f"no trace: none of the {len(rows)} questions of {split!r} has gold passages holding its "
+                             "answer within the evidence cut")
+        store = retriever.store
+        passages = [passage_text(t, x) for t, x in zip(store.titles, store.texts)]
+        if max_passages:
+            passages = passages[:max_passages]
+        probe = None
+        if probe_questions and not config.stop_at_step:  # a replay keeps its recorded step: nothing to choose
+            from specrag.training.denoiser import split_held_out
+            held = {t.id for t in split_held_out(traces, config.held_out, config.seed)[1]}
+            probed = [r for r in rows if r["id"] in held][:probe_questions]
+            probe = answer_probe(probed, retriever, config, top_k=top_k, passage_words=passage_words) if probed else None
+        report = train_denoiser(passages, traces, config, out_dir, base=base, progress=progress, probe=probe, provenance={
+            "split": split_fingerprint(split), "queries": dataset_fingerprint(files),
+            "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
+            "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,
+                         "golds": "forced into the top-k"},
+            "questions": len(rows), "traces_kept": len(traces), "dead_letters": len(dead), "step_words": step_words,
+            "probe": {"questions": probe_questions, "method": "sardi, query=question (DLM static), tau_c=0.9, end_after_text",
+                      "from": "the held-back traces' questions"} if probe else None,
+            "kept": "traces whose answer (other than yes/no) occurs in the evidence as cut"})
+        return {**asdict(report), "dead_letters": len(dead)}

@@ -104,13 +104,13 @@ def validate_rationale(row: dict, evaluation: frozenset[str]):
 
 
 def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overwrite: bool = False,
-                      max_failure_fraction: float = 0.5, progress=None) -> dict:
+                      resume: bool = False, max_failure_fraction: float = 0.5, progress=None) -> dict:
     """Train from rationale tables; a folder already trained from the same content is reused.
     Rows that cannot be used (or hold an evaluation id) are dead letters beside the model."""
     from specrag.evaluation.splits import evaluation_ids
     from specrag.training.drafter import cached_report, content_key, train_drafter
     from specrag.inference.models import model_identity
-    from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows, training_tables
+    from specrag.pipelines.training_inputs import check_failures, split_rows, training_run, training_tables
     from specrag.jobio.inputs import dataset_fingerprint
     files = training_tables(rationales, RATIONALES_FILE, "synthesize-rationales")
     rows = sorted((r for f in files for r in read_parquet(f).to_pylist()), key=lambda r: str(r.get("id")))
@@ -120,17 +120,17 @@ def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overw
     cached = cached_report(out_dir, key)
     if cached is not None:
         return {**cached["report"], "cached": True, "dead_letters": len(dead)}
-    refuse_existing_model(out_dir, overwrite)
-    check_failures(out_dir, dead, len(rows), max_failure_fraction, "rationale rows")
-    if not examples:
-        raise ValueError(f"no usable rationale in {rationales!r}")
-    report = train_drafter(examples, config, out_dir, base=base, progress=progress, provenance={
-        "rationales": dataset_fingerprint(files), "synthesis": _beside(files, SUMMARY_FILE),
-        "teacher": sorted({m.get("identity", {}).get("models", {}).get("teacher", "?")
-                           for m in _beside(files, "manifest.json")}),
-        "dead_letters": len(dead)})
-    from dataclasses import asdict
-    return {**asdict(report), "cached": False, "dead_letters": len(dead)}
+    with training_run(out_dir, resume=resume, overwrite=overwrite):
+        check_failures(out_dir, dead, len(rows), max_failure_fraction, "rationale rows")
+        if not examples:
+            raise ValueError(f"no usable rationale in {rationales!r}")
+        report = train_drafter(examples, config, out_dir, base=base, progress=progress, provenance={
+            "rationales": dataset_fingerprint(files), "synthesis": _beside(files, SUMMARY_FILE),
+            "teacher": sorted({m.get("identity", {}).get("models", {}).get("teacher", "?")
+                               for m in _beside(files, "manifest.json")}),
+            "dead_letters": len(dead)})
+        from dataclasses import asdict
+        return {**asdict(report), "cached": False, "dead_letters": len(dead)}
 
 
 def _beside(files: list[str], name: str) -> list[dict]:

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.ml.inference.base import RunInference
 
-from specrag.jobio.run_folder import EXTRACT_TRIPLETS, IDENTITY_FILE, RunFailed, RunFolder
+from specrag.jobio.job_run import job_run
+from specrag.jobio.run_folder import EXTRACT_TRIPLETS, RunFailed, RunFolder
 from specrag.pipelines.manifest import job_counters, write_manifest
 from specrag.pipelines.options import new_pipeline
 from specrag.schemas.tables import DEAD_LETTERS, PASSAGE_COLUMNS
 from specrag.schemas.validation import validate_passage
-from specrag.jobio.files import delete, join, match_files, read_parquet, write_text
+from specrag.jobio.files import delete, join, match_files, read_parquet
 from specrag.transforms.parquet_io import ReadParquetRows
 from specrag.jobio.inputs import dataset_fingerprint, expand_inputs, expand_tables
 from specrag.transforms.sinks import WriteParquetShards
@@ -62,15 +63,14 @@ def committed_shards(folder: str) -> list[str]:
                   for f in match_files(join(folder, "extracted-*.parquet")))
 
 
-def _prepare_output(job: ExtractJob, identity: dict) -> list[str]:
+def _prepare_output(job: ExtractJob, folder: RunFolder) -> list[str]:
     """Clear what this attempt replaces; returns the extracted-* files of earlier attempts (resume)."""
     out = job.output
     committed = set(committed_shards(out)) if job.resume else set()
     stale = [f for f in match_files(join(out, "triplets-*.parquet"))
              if f.rsplit("/", 1)[-1][len("triplets-"):-len(".parquet")] not in committed]
     delete(stale)
-    RunFolder(out, EXTRACT_TRIPLETS).clear_for_attempt(job.resume)
-    write_text(join(out, IDENTITY_FILE), json.dumps(identity, indent=2, sort_keys=True, default=str))
+    folder.clear_for_attempt(job.resume)
     return [join(out, f"extracted-{s}.parquet") for s in sorted(committed)]
 
 
@@ -110,18 +110,15 @@ def run_extract_triplets(job: ExtractJob) -> dict:
     job.validate()
     identity = {"job": "extract-triplets", **job.extractor.identity()}
     expand_tables(job.corpus, PASSAGE_COLUMNS, "corpus")  # before the folder is touched
-    folder = RunFolder(job.output, EXTRACT_TRIPLETS)
-    if job.resume:
-        folder.check_resumable(identity)
-    with folder.writing(resume=job.resume, overwrite=job.overwrite):  # one writer per folder, as for answer
-        manifest = _run(job, identity)
-        run = manifest["over_the_run"]  # every attempt's: earlier dead letters were retried by this one
-        folder.judge(run["reconciliation"], job.max_failure_fraction)
+    with job_run(job.output, EXTRACT_TRIPLETS, identity, resume=job.resume, overwrite=job.overwrite) as run:
+        manifest = _run(job, identity, run.folder)
+        # every attempt's: earlier dead letters were retried by this one
+        run.judge(manifest["over_the_run"]["reconciliation"], job.max_failure_fraction)
     return manifest
 
 
-def _run(job: ExtractJob, identity: dict) -> dict:
-    finished = _prepare_output(job, identity)
+def _run(job: ExtractJob, identity: dict, folder: RunFolder) -> dict:
+    finished = _prepare_output(job, folder)
     started = time.time()
     p = new_pipeline(job.beam_args)
     build_extract_pipeline(p, job, finished)
@@ -154,7 +151,7 @@ def _run(job: ExtractJob, identity: dict) -> dict:
         "counters": counters,
         "over_the_run": {"passages": count_ids(match_files(join(job.output, "extracted-*.parquet")), "passage_id"),
                          "dead_letters": failed,
-                         "reconciliation": RunFolder(job.output, EXTRACT_TRIPLETS).reconcile(inputs)},
+                         "reconciliation": folder.reconcile(inputs)},
     })
     return manifest
 

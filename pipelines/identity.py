@@ -23,11 +23,10 @@ def keep_earlier_prefill(runtime, output: str):
     since 2026-12-05, and a run made before resumes as it was made, not refused as another run."""
     from dataclasses import replace
 
-    from specrag.jobio.files import exists, join
-    from specrag.jobio.run_folder import IDENTITY_FILE, read_json
+    from specrag.jobio.run_folder import ANSWER, RunFolder
     from specrag.transforms.runtime import PREFILL_KEY
-    path = join(output, IDENTITY_FILE)
-    if runtime.prefix_cache_mb and exists(path) and PREFILL_KEY not in read_json(path):
+    earlier = RunFolder(output, ANSWER).recorded_identity() if runtime.prefix_cache_mb else None
+    if earlier is not None and PREFILL_KEY not in earlier:
         return replace(runtime, prefix_cache_mb=0)
     return runtime
 

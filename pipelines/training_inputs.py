@@ -1,19 +1,23 @@
 """The rules every job follows, for the training commands (train-utility, train-denoiser).
 
-They run on the launcher, not as Beam jobs, but their outputs are as costly to lose: a model
-folder that already holds a model is replaced only with ``--overwrite``, and input rows that
+They run on the launcher, not as Beam jobs, but their outputs are as costly to lose: their model
+folder goes through the same lifecycle as every job's output (``training_run``: refused unless
+``--resume`` continues a killed run or ``--overwrite`` replaces the model), and input rows that
 cannot be used become dead letters beside the model (``dead_letters.parquet``) instead of
 being skipped unseen; when their share exceeds ``--max-failure-fraction`` the command fails
 before training, with the dead letters written.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
+from specrag.jobio.job_run import JobRun, job_run
+from specrag.jobio.run_folder import TRAINED_MODEL, EarlierRun, RunFolder
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import RowError
 from specrag.transforms.records import dead_letter
@@ -36,12 +40,30 @@ def training_tables(pattern: str, file_name: str, command: str) -> list[str]:
     return sorted(files)
 
 
-def refuse_existing_model(folder: str | Path, overwrite: bool) -> None:
-    """A model folder with files in it is kept unless ``overwrite``."""
-    folder = Path(folder)
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        raise ValueError(f"{folder} already holds files (a model or its dead letters): pass --overwrite to replace "
-                         "them, or choose another --output")
+@contextlib.contextmanager
+def training_run(out_dir: str | Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[JobRun]:
+    """A training command's run in its model folder, through the one job lifecycle (``job_run``)
+    as every job's: a folder holding a model is kept unless ``overwrite`` (a transaction: the
+    earlier model comes back if training fails); a killed run's checkpoint (``OUTPUT.partial``)
+    is continued only with ``resume`` and dropped with ``overwrite``."""
+    import shutil
+    from specrag.jobio.files import is_local
+    from specrag.training.state import partial_dir
+    out = str(out_dir)
+    if not is_local(out):  # torch and transformers save to a local disk
+        raise ValueError(f"--output {out}: a training command writes its model to a local folder; train there, "
+                         "then copy the folder to the object store")
+    checkpoint = partial_dir(out)
+    if overwrite:
+        shutil.rmtree(checkpoint, ignore_errors=True)  # trained anew
+    elif checkpoint.is_dir() and not resume:
+        raise EarlierRun(f"{out}: a killed training run left its checkpoint in {checkpoint}: pass --resume to "
+                         "continue it, --overwrite to train anew, or choose another --output")
+    elif resume and not checkpoint.is_dir() and RunFolder(out, TRAINED_MODEL).held():
+        raise EarlierRun(f"{out} holds a model and no checkpoint of a killed run to resume: pass --overwrite to "
+                         "train it again, or choose another --output")
+    with job_run(out, TRAINED_MODEL, resume=resume, overwrite=overwrite) as run:
+        yield run
 
 
 def split_rows(rows: Iterable[dict], validator: Callable[[dict], Any], stage: str) -> tuple[list, list[dict]]:

@@ -61,21 +61,21 @@ def read_labels(pattern: str) -> list[pa.Table]:
 
 
 def run_train_utility(labels: str, out_dir: str, config, threads: int = 1, *, overwrite: bool = False,
-                      max_failure_fraction: float = 0.5) -> dict:
+                      resume: bool = False, max_failure_fraction: float = 0.5) -> dict:
     """Train from label tables; the untrained baseline for the ranking check is MiniLM similarity.
     Label rows that cannot be used are dead letters beside the model (pipelines/training_inputs.py)."""
-    from specrag.pipelines.training_inputs import check_failures, refuse_existing_model, split_rows, validate_label
+    from specrag.pipelines.training_inputs import check_failures, split_rows, training_run, validate_label
     from specrag.training.utility_predictor import load_labels, similarity_scorer, train_utility_predictor
     from specrag.transforms.runtime import load_backend
     from specrag.jobio.inputs import dataset_fingerprint
-    refuse_existing_model(out_dir, overwrite)
-    files = label_files(labels)
-    rows = [r for f in files for r in read_parquet(f).to_pylist()]
-    good, dead = split_rows(rows, validate_label, "train-utility")
-    check_failures(out_dir, dead, len(rows), max_failure_fraction, "label rows")
-    queries = load_labels([pa.Table.from_pylist(good)])
-    embedder = load_backend("local", "all-minilm-l6-v2", threads)
-    report = train_utility_predictor(queries, config, out_dir, untrained=similarity_scorer(embedder.embed),
-                                     provenance={"labels": dataset_fingerprint(files), "dead_letters": len(dead)})
-    from dataclasses import asdict
-    return {**asdict(report), "dead_letters": len(dead)}
+    with training_run(out_dir, resume=resume, overwrite=overwrite):
+        files = label_files(labels)
+        rows = [r for f in files for r in read_parquet(f).to_pylist()]
+        good, dead = split_rows(rows, validate_label, "train-utility")
+        check_failures(out_dir, dead, len(rows), max_failure_fraction, "label rows")
+        queries = load_labels([pa.Table.from_pylist(good)])
+        embedder = load_backend("local", "all-minilm-l6-v2", threads)
+        report = train_utility_predictor(queries, config, out_dir, untrained=similarity_scorer(embedder.embed),
+                                         provenance={"labels": dataset_fingerprint(files), "dead_letters": len(dead)})
+        from dataclasses import asdict
+        return {**asdict(report), "dead_letters": len(dead)}

@@ -486,6 +486,47 @@ def subprocess_pid_that_exited() -> int:
     return int(proc.stdout)
 
 
+def test_a_training_command_over_an_earlier_output_behaves_as_answer_does(tmp_path, capsys):
+    """A training command's model folder goes through the one job lifecycle (jobio/job_run.py):
+    an earlier model is refused without a flag, and --resume is refused where there is no killed
+    run to continue; --overwrite is a transaction (a training that fails puts the earlier model
+    back and keeps its own files aside); a killed run's checkpoint is continued only with
+    --resume and dropped with --overwrite; an object-store --output is refused in one line."""
+    from specrag.pipelines.training_inputs import DEAD_LETTERS_FILE
+    from specrag.training.state import partial_dir
+    labels = [{"query_id": "q1", "question": "who?", "answer": "x", "unit": i, "kind": "passage", "unit_id": "p",
+               "text": "t", "cppl": c} for i, c in enumerate([1.5, float("nan"), float("inf")])]
+    pq.write_table(pa.Table.from_pylist(labels), tmp_path / "labels.parquet")  # 2 of 3 unusable: fails before training
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"the earlier model")
+    train = ["train-utility", "--labels", str(tmp_path / "labels.parquet"), "--output"]
+    assert main([*train, str(model)]) == 2
+    assert "already holds files (a model or its dead letters): pass --overwrite" in capsys.readouterr().err
+    assert main([*train, str(model), "--resume"]) == 2
+    assert "holds a model and no checkpoint of a killed run to resume" in capsys.readouterr().err
+    assert main([*train, str(model), "--overwrite"]) == 1
+    assert f"the earlier run is back in {model}" in capsys.readouterr().err
+    assert (model / "model.safetensors").read_bytes() == b"the earlier model" and not (model / DEAD_LETTERS_FILE).exists()
+    [failed] = model.glob(".failed-*")
+    assert (failed / DEAD_LETTERS_FILE).is_file()
+    assert not list(model.glob(".replaced-*")) and not (model / ".lease").exists()
+
+    killed = tmp_path / "killed"  # a run killed mid-training: its checkpoint beside the folder
+    partial_dir(killed).mkdir(parents=True)
+    (partial_dir(killed) / "state.pt").write_bytes(b"a checkpoint")
+    assert main([*train, str(killed)]) == 2
+    assert f"a killed training run left its checkpoint in {partial_dir(killed)}: pass --resume" in \
+        capsys.readouterr().err
+    assert main([*train, str(killed), "--resume"]) == 1  # let through: its inputs fail before the checkpoint is read
+    assert "2 of 3 label rows cannot be used" in capsys.readouterr().err and partial_dir(killed).is_dir()
+    assert main([*train, str(killed), "--overwrite"]) == 1 and not partial_dir(killed).exists()  # trained anew
+    capsys.readouterr()
+    assert main([*train, "specragtest://bucket/model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "writes its model to a local folder" in err[0], err
+
+
 def test_build_and_train_commands_refuse_earlier_output_and_fail_on_too_many_bad_rows(tmp_path, capsys):
     """build-index exits 1 when most passages are dead letters (the index is still written);
     train-utility writes unusable label rows as dead letters and trains nothing when they are

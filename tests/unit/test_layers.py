@@ -99,3 +99,24 @@ def test_importing_job_io_patches_nothing(module):
             "assert not hasattr(botocore.session.create_loader, 'cache_info'), 'patched on import'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_job_holds_its_output_folder_through_the_one_lifecycle_call():
+    """One job lifecycle (jobio/job_run.py): no job drives RunFolder's transaction, its resume
+    checks or the identity and inputs files itself, so the rules cannot drift apart per job."""
+    lifecycle = {"writing", "check_resumable", "check_inputs", "IDENTITY_FILE", "INPUTS_FILE"}
+    own = {REPO / "jobio" / "run_folder.py", REPO / "jobio" / "job_run.py"}
+    found = []
+    for name, path in _modules().items():
+        if path in own:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            used = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                    else None)
+            if used in lifecycle:
+                found.append(f"{name}:{node.lineno} {used}")
+    assert not found, found
+    callers = {name for name, path in _modules().items() if "job_run(" in path.read_text() and path not in own}
+    assert {"specrag.pipelines.answer", "specrag.pipelines.streaming", "specrag.pipelines.extract_triplets",
+            "specrag.pipelines.build_index", "specrag.pipelines.build_datastore",
+            "specrag.pipelines.training_inputs"} <= callers
