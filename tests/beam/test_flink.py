@@ -113,6 +113,13 @@ OTHER_METHODS = {
     "sardi": {"max_new_tokens": 8, "steps": 8, "passage_words": 24},
     "knnlm": {"k": 8, "max_new_tokens": 12},
 }
+# the answer methods whose Beam graph is one of those already above (a baseline's, or a variant's
+# of a tested one): the same check in the full tier (`make test-full`), out of make test's budget
+FULL_TIER_METHODS = {
+    "no-retrieval": {"max_new_tokens": 12},
+    "knnlm-spec": {"k": 8, "max_new_tokens": 12, "speculation_stride": 3},
+    "ar-retrieval": {"every": 4, "top_k": 3, "max_new_tokens": 12},
+}
 
 
 # what of each method's trace the runners must not change beside the answer (no float: an
@@ -120,7 +127,10 @@ OTHER_METHODS = {
 TRACED = {"sps": lambda t: (t["output_ids"], [(s["doc_ids"], s["chosen"]) for s in t["stages"]]),
           "aed-rag": lambda t: (t["passage_ids"], t["chosen_passages"], t["streams"]),
           "sardi": lambda t: ([s["doc_ids"] for s in t["steps"]], t["response"]),
-          "knnlm": lambda t: (t["output_ids"],)}
+          "knnlm": lambda t: (t["output_ids"],),
+          "knnlm-spec": lambda t: (t["output_ids"],),
+          "ar-retrieval": lambda t: ([s["doc_ids"] for s in t["steps"]], t["queries"]),
+          "no-retrieval": lambda t: (True,)}  # no trace: the answer and raw output only
 
 
 def _method_runtime(method_name, method, demo_index, corpus_jobs_folder, request) -> RuntimeConfig:
@@ -138,7 +148,8 @@ def _method_runtime(method_name, method, demo_index, corpus_jobs_folder, request
     return runtime.with_roles(method.model_roles)
 
 
-@pytest.mark.parametrize("method_name", sorted(OTHER_METHODS))
+@pytest.mark.parametrize("method_name", [*sorted(OTHER_METHODS),
+                                         *(pytest.param(m, marks=pytest.mark.full) for m in sorted(FULL_TIER_METHODS))])
 def test_every_other_answer_method_on_prism_and_flink_equals_the_fnapi_runner(
         method_name, flink, prism, demo_tables, demo_index, corpus_jobs_on_fnapi, corpus_jobs_folder, request,
         tmp_path):
@@ -150,7 +161,7 @@ def test_every_other_answer_method_on_prism_and_flink_equals_the_fnapi_runner(
     rows = [r for r in pq.read_table(demo_tables[0]).to_pylist() if r.get("task_type", "short_form") == "short_form"]
     queries = tmp_path / "queries.parquet"
     pq.write_table(pa.Table.from_pylist(rows[:3]), queries, row_group_size=2)
-    method = create_method(method_name, **OTHER_METHODS[method_name])
+    method = create_method(method_name, **{**OTHER_METHODS, **FULL_TIER_METHODS}[method_name])
     runtime = _method_runtime(method_name, method, demo_index, corpus_jobs_folder, request)
     runners = {"fnapi": ("--runner=FnApiRunner",), "prism": ("--runner=PrismRunner", f"--prism_location={prism}"),
                "flink": tuple(flink.flags())}
@@ -160,7 +171,7 @@ def test_every_other_answer_method_on_prism_and_flink_equals_the_fnapi_runner(
         assert manifest["counters"]["answered"] == 3, (name, manifest["counters"])
         answers[name] = _results(tmp_path / name)
         rows = pq.read_table(sorted((tmp_path / name).glob("results-*.parquet"))).to_pylist()
-        traced[name] = {r["id"]: TRACED[method_name](r["trace"]) for r in rows}
+        traced[name] = {r["id"]: TRACED[method_name](r.get("trace") or {}) for r in rows}
     assert len(answers["fnapi"]) == 3 and all(parts[0] for parts in traced["fnapi"].values())
     assert answers["prism"] == answers["fnapi"] and traced["prism"] == traced["fnapi"]
     assert answers["flink"] == answers["fnapi"] and traced["flink"] == traced["fnapi"]
