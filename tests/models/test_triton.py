@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -357,9 +358,17 @@ def test_pipeline_through_triton_equals_local(triton_server, demo_tables, demo_i
 @pytest.mark.slow
 def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_those(demo_tables, demo_index, tmp_path):
     out = tmp_path / "run"
+    # half the demo questions, of every task type (generated answers, and scored closed-set options)
+    subset, left = [], {"short_form": 8, "multiple_choice": 4, "claim_verification": 4}
+    for r in pq.read_table(demo_tables[0]).to_pylist():
+        if left.get(r["task_type"], 0):
+            left[r["task_type"]] -= 1
+            subset.append(r)
+    queries_file = tmp_path / "queries.parquet"
+    pq.write_table(pa.Table.from_pylist(subset), queries_file)
     server = _start(tmp_path / "first")
-    ids = pq.read_table(demo_tables[0]).column("id").to_pylist()
-    cmd = _answer_cmd(demo_tables[0], out, demo_index, server, "--batch-size", "2", "--engine-batch", "2",
+    ids = [r["id"] for r in subset]
+    cmd = _answer_cmd(queries_file, out, demo_index, server, "--batch-size", "2", "--engine-batch", "2",
                       "--shards", "1", "--triton-retries", "1",
                       "--max-failure-fraction", "1")  # most queries fail on purpose
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -385,13 +394,13 @@ def test_killed_server_sends_queries_to_dead_letters_and_resume_answers_only_tho
 
     again = _start(tmp_path / "second")
     try:
-        resumed = subprocess.run(_answer_cmd(demo_tables[0], out, demo_index, again, "--resume"),
+        resumed = subprocess.run(_answer_cmd(queries_file, out, demo_index, again, "--resume"),
                                  capture_output=True, text=True, timeout=900)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         # only the missing ones: a generation per open question, a score per option surface form
         # (generator_scorer: closed-set tasks score their labels with the generator's weights)
         from specrag.methods.common import _surface_forms, option_labels
-        queries = {q["id"]: q for q in pq.read_table(demo_tables[0]).to_pylist()}
+        queries = {q["id"]: q for q in subset}
         redone = [queries[d["id"]] for d in dead]
         scores = sum(len(_surface_forms(lab)) for q in redone for lab in option_labels(q) or [])
         assert _metric(again, "nv_inference_request_success", "generator") == sum(not option_labels(q) for q in redone)
