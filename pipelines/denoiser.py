@@ -175,7 +175,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
     (``answer_probe``), and the best checkpoint by their F1 is kept."""
     from specrag.pipelines.training_inputs import check_failures, split_rows, training_run
     from specrag.schemas.validation import validate_query
-    with training_run(out_dir, resume=resume, overwrite=overwrite):
+    with training_run(out_dir, resume=resume, overwrite=overwrite) as model_dir:
         from specrag.evaluation.splits import load_split, split_fingerprint
         from specrag.training.denoiser import train_denoiser
         from specrag.retrieval.index import open_retriever
@@ -186,7 +186,8 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
         files = expand_inputs(queries)
         rows = [r for f in files for r in read_table(f).to_pylist() if r.get("id") in allowed]
         rows, dead = split_rows(rows, lambda r: (validate_query(r), r)[1], "train-denoiser")
-        check_failures(out_dir, dead, len(rows) + len(dead), max_failure_fraction, f"questions of split {split!r}")
+        check_failures(model_dir, dead, len(rows) + len(dead), max_failure_fraction, f"questions of split {split!r}",
+                       shown_in=out_dir)
         rows.sort(key=lambda r: r["id"])
         if not rows:
             raise ValueError(f"no question of split {split!r} in {queries!r}")
@@ -206,7 +207,7 @@ def run_train_denoiser(queries: str, index: str, out_dir: str, config, *, split:
             held = {t.id for t in split_held_out(traces, config.held_out, config.seed)[1]}
             probed = [r for r in rows if r["id"] in held][:probe_questions]
             probe = answer_probe(probed, retriever, config, top_k=top_k, passage_words=passage_words) if probed else None
-        report = train_denoiser(passages, traces, config, out_dir, base=base, progress=progress, probe=probe, provenance={
+        report = train_denoiser(passages, traces, config, model_dir, base=base, progress=progress, probe=probe, provenance={
             "split": split_fingerprint(split), "queries": dataset_fingerprint(files),
             "index": json.loads((Path(index) / "manifest.json").read_text()).get("corpus"),
             "evidence": {"retriever": "bm25", "top_k": top_k, "passage_words": passage_words,

@@ -120,11 +120,11 @@ def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overw
     cached = cached_report(out_dir, key)
     if cached is not None:
         return {**cached["report"], "cached": True, "dead_letters": len(dead)}
-    with training_run(out_dir, resume=resume, overwrite=overwrite):
-        check_failures(out_dir, dead, len(rows), max_failure_fraction, "rationale rows")
+    with training_run(out_dir, resume=resume, overwrite=overwrite) as model_dir:
+        check_failures(model_dir, dead, len(rows), max_failure_fraction, "rationale rows", shown_in=out_dir)
         if not examples:
             raise ValueError(f"no usable rationale in {rationales!r}")
-        report = train_drafter(examples, config, out_dir, base=base, progress=progress, provenance={
+        report = train_drafter(examples, config, model_dir, base=base, progress=progress, provenance={
             "rationales": dataset_fingerprint(files), "synthesis": _beside(files, SUMMARY_FILE),
             "teacher": sorted({m.get("identity", {}).get("models", {}).get("teacher", "?")
                                for m in _beside(files, "manifest.json")}),

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from specrag.jobio.job_run import JobRun, job_run
+from specrag.jobio.files import join
+from specrag.jobio.job_run import job_run
 from specrag.jobio.run_folder import TRAINED_MODEL, EarlierRun, RunFolder
 from specrag.schemas.tables import DEAD_LETTERS
 from specrag.schemas.validation import RowError
@@ -32,7 +33,7 @@ class TrainingInputFailed(RuntimeError):
 def training_tables(pattern: str, file_name: str, command: str) -> list[str]:
     """The Parquet files a training command reads: a folder's ``file_name`` (what ``command``
     wrote), a file, or a glob."""
-    from specrag.jobio.files import join, match_files
+    from specrag.jobio.files import match_files
     files = match_files(pattern) if "*" in pattern or pattern.endswith(".parquet") else []
     files = files or match_files(join(pattern, file_name))
     if not files:
@@ -41,19 +42,23 @@ def training_tables(pattern: str, file_name: str, command: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def training_run(out_dir: str | Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[JobRun]:
+def training_run(out_dir: str | Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
     """A training command's run in its model folder, through the one job lifecycle (``job_run``)
     as every job's: a folder holding a model is kept unless ``overwrite`` (a transaction: the
     earlier model comes back if training fails); a killed run's checkpoint (``OUTPUT.partial``)
-    is continued only with ``resume`` and dropped with ``overwrite``."""
+    is continued only with ``resume`` and dropped with ``overwrite``.
+
+    Yields the local folder to write the model to: ``out_dir`` itself, or for an object-store
+    output a staging folder on this machine (torch and transformers save to a local disk; a
+    killed run's checkpoint stays beside it for ``--resume``), whose files go up to ``out_dir``
+    when the run ends, its model or, where it failed, its dead letters."""
+    import hashlib
     import shutil
-    from specrag.jobio.files import is_local
+    from specrag.jobio.files import is_local, publish
     from specrag.training.state import partial_dir
     out = str(out_dir)
-    if not is_local(out):  # torch and transformers save to a local disk
-        raise ValueError(f"--output {out}: a training command writes its model to a local folder; train there, "
-                         "then copy the folder to the object store")
-    checkpoint = partial_dir(out)
+    local = Path(out) if is_local(out) else _staging_root() / hashlib.sha256(out.encode()).hexdigest()[:16]
+    checkpoint = partial_dir(local)
     if overwrite:
         shutil.rmtree(checkpoint, ignore_errors=True)  # trained anew
     elif checkpoint.is_dir() and not resume:
@@ -62,8 +67,21 @@ def training_run(out_dir: str | Path, *, resume: bool = False, overwrite: bool =
     elif resume and not checkpoint.is_dir() and RunFolder(out, TRAINED_MODEL).held():
         raise EarlierRun(f"{out} holds a model and no checkpoint of a killed run to resume: pass --overwrite to "
                          "train it again, or choose another --output")
-    with job_run(out, TRAINED_MODEL, resume=resume, overwrite=overwrite) as run:
-        yield run
+    with job_run(out, TRAINED_MODEL, resume=resume, overwrite=overwrite):
+        if local != Path(out):
+            shutil.rmtree(local, ignore_errors=True)  # an earlier attempt's files: the store holds what counts
+            local.mkdir(parents=True)
+        try:
+            yield local
+        finally:
+            if local != Path(out):  # before the transaction judges: a failed run's files go where it puts them
+                publish(local, out)
+                shutil.rmtree(local, ignore_errors=True)
+
+
+def _staging_root() -> Path:
+    from specrag.inference.models import cache_dir
+    return cache_dir() / "training-staging"
 
 
 def split_rows(rows: Iterable[dict], validator: Callable[[dict], Any], stage: str) -> tuple[list, list[dict]]:
@@ -78,8 +96,9 @@ def split_rows(rows: Iterable[dict], validator: Callable[[dict], Any], stage: st
 
 
 def check_failures(out_dir: str | Path, dead: list[dict], total: int, max_failure_fraction: float,
-                   what: str) -> None:
-    """Write the dead letters (if any) into ``out_dir``; raise when their share is too large."""
+                   what: str, shown_in: str | Path | None = None) -> None:
+    """Write the dead letters (if any) into ``out_dir``; raise when their share is too large,
+    naming them in ``shown_in`` (the output folder, where ``out_dir`` stages it)."""
     if not 0.0 <= max_failure_fraction <= 1.0:
         raise ValueError(f"--max-failure-fraction must be in [0, 1], got {max_failure_fraction}")
     out = Path(out_dir)
@@ -91,7 +110,7 @@ def check_failures(out_dir: str | Path, dead: list[dict], total: int, max_failur
     if total and len(dead) / total > max_failure_fraction:
         raise TrainingInputFailed(f"{len(dead)} of {total} {what} cannot be used ({len(dead) / total:.0%} > "
                                   f"--max-failure-fraction {max_failure_fraction}); nothing was trained; "
-                                  f"the reasons are in {out / DEAD_LETTERS_FILE}")
+                                  f"the reasons are in {join(str(shown_in or out), DEAD_LETTERS_FILE)}")
 
 
 def validate_label(row: dict) -> dict:

@@ -68,14 +68,14 @@ def run_train_utility(labels: str, out_dir: str, config, threads: int = 1, *, ov
     from specrag.training.utility_predictor import load_labels, similarity_scorer, train_utility_predictor
     from specrag.transforms.runtime import load_backend
     from specrag.jobio.inputs import dataset_fingerprint
-    with training_run(out_dir, resume=resume, overwrite=overwrite):
+    with training_run(out_dir, resume=resume, overwrite=overwrite) as model_dir:
         files = label_files(labels)
         rows = [r for f in files for r in read_parquet(f).to_pylist()]
         good, dead = split_rows(rows, validate_label, "train-utility")
-        check_failures(out_dir, dead, len(rows), max_failure_fraction, "label rows")
+        check_failures(model_dir, dead, len(rows), max_failure_fraction, "label rows", shown_in=out_dir)
         queries = load_labels([pa.Table.from_pylist(good)])
         embedder = load_backend("local", "all-minilm-l6-v2", threads)
-        report = train_utility_predictor(queries, config, out_dir, untrained=similarity_scorer(embedder.embed),
+        report = train_utility_predictor(queries, config, model_dir, untrained=similarity_scorer(embedder.embed),
                                          provenance={"labels": dataset_fingerprint(files), "dead_letters": len(dead)})
         from dataclasses import asdict
         return {**asdict(report), "dead_letters": len(dead)}

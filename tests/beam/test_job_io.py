@@ -486,12 +486,13 @@ def subprocess_pid_that_exited() -> int:
     return int(proc.stdout)
 
 
-def test_a_training_command_over_an_earlier_output_behaves_as_answer_does(tmp_path, capsys):
+def test_a_training_command_over_an_earlier_output_behaves_as_answer_does(remote, tmp_path, capsys):
     """A training command's model folder goes through the one job lifecycle (jobio/job_run.py):
     an earlier model is refused without a flag, and --resume is refused where there is no killed
     run to continue; --overwrite is a transaction (a training that fails puts the earlier model
     back and keeps its own files aside); a killed run's checkpoint is continued only with
-    --resume and dropped with --overwrite; an object-store --output is refused in one line."""
+    --resume and dropped with --overwrite; an object-store --output gets its files as a local one."""
+    from specrag.jobio.files import exists, read_parquet
     from specrag.pipelines.training_inputs import DEAD_LETTERS_FILE
     from specrag.training.state import partial_dir
     labels = [{"query_id": "q1", "question": "who?", "answer": "x", "unit": i, "kind": "passage", "unit_id": "p",
@@ -521,10 +522,12 @@ def test_a_training_command_over_an_earlier_output_behaves_as_answer_does(tmp_pa
     assert main([*train, str(killed), "--resume"]) == 1  # let through: its inputs fail before the checkpoint is read
     assert "2 of 3 label rows cannot be used" in capsys.readouterr().err and partial_dir(killed).is_dir()
     assert main([*train, str(killed), "--overwrite"]) == 1 and not partial_dir(killed).exists()  # trained anew
-    capsys.readouterr()
-    assert main([*train, "specragtest://bucket/model"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "writes its model to a local folder" in err[0], err
+    stored = "specragtest://models/utility"  # staged on this machine, its files put in the store at the end
+    assert main([*train, stored]) == 1
+    assert f"the reasons are in {stored}/{DEAD_LETTERS_FILE}" in capsys.readouterr().err
+    assert read_parquet(f"{stored}/{DEAD_LETTERS_FILE}").num_rows == 2 and not exists(f"{stored}/.lease")
+    assert main([*train, stored]) == 2  # the store's folder holds them: refused as a local one
+    assert "already holds files (a model or its dead letters)" in capsys.readouterr().err
 
 
 def test_build_and_train_commands_refuse_earlier_output_and_fail_on_too_many_bad_rows(tmp_path, capsys):

@@ -155,6 +155,17 @@ def test_train_drafter_lowers_the_loss_and_serves_as_the_drafter(demo_tables, de
     stamp = (model / "model.safetensors").stat().st_mtime_ns
     assert main(args) == 0 and (model / "model.safetensors").stat().st_mtime_ns == stamp  # same content: reused
     assert main([*args, "--seed", "1"]) == 2  # other settings: the model there is kept unless --overwrite
+    # into an object store: staged on this machine, the same files put in the store's folder
+    import remotefs  # the specragtest:// scheme (tests/remotefs.py)
+    remotefs.ROOT["path"] = str(tmp_path / "bucket")
+    (tmp_path / "bucket").mkdir()
+    try:
+        assert main([*args[:4], "specragtest://drafter", *args[5:]]) == 0
+    finally:
+        remotefs.ROOT["path"] = None
+    stored = tmp_path / "bucket" / "drafter"
+    assert sorted(p.name for p in stored.iterdir()) == sorted(p.name for p in model.iterdir())
+    assert (stored / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
     queries = tmp_path / "queries.parquet"
     pq.write_table(pq.read_table(demo_tables[0]).slice(0, 2), queries)
     assert main(["answer", "--method", "speculative-rag", "--queries", str(queries), "--index", str(demo_index),
