@@ -32,7 +32,6 @@ class JobRun:
     earlier input its results answered."""
     folder: RunFolder
     lease: Lease
-    resume: bool
     grown: dict | None = None
 
     @property
@@ -76,7 +75,7 @@ def job_run(output: str, layout: RunLayout, identity: dict[str, Any] | None = No
             input_contents(inputs) if inputs is not None else None)
         if record is not None:
             write_text(join(output, INPUTS_FILE), json.dumps(record, indent=2))
-        yield JobRun(folder, lease, resume, grown)
+        yield JobRun(folder, lease, grown)
 
 
 __all__ = ["JobRun", "job_run"]

@@ -57,7 +57,8 @@ def training_run(out_dir: str | Path, *, resume: bool = False, overwrite: bool =
     from specrag.jobio.files import is_local, publish
     from specrag.training.state import partial_dir
     out = str(out_dir)
-    local = Path(out) if is_local(out) else _staging_root() / hashlib.sha256(out.encode()).hexdigest()[:16]
+    staged = not is_local(out)
+    local = _staging_root() / hashlib.sha256(out.encode()).hexdigest()[:16] if staged else Path(out)
     checkpoint = partial_dir(local)
     if overwrite:
         shutil.rmtree(checkpoint, ignore_errors=True)  # trained anew
@@ -68,13 +69,13 @@ def training_run(out_dir: str | Path, *, resume: bool = False, overwrite: bool =
         raise EarlierRun(f"{out} holds a model and no checkpoint of a killed run to resume: pass --overwrite to "
                          "train it again, or choose another --output")
     with job_run(out, TRAINED_MODEL, resume=resume, overwrite=overwrite):
-        if local != Path(out):
+        if staged:
             shutil.rmtree(local, ignore_errors=True)  # an earlier attempt's files: the store holds what counts
             local.mkdir(parents=True)
         try:
             yield local
         finally:
-            if local != Path(out):  # before the transaction judges: a failed run's files go where it puts them
+            if staged:  # before the transaction judges: a failed run's files go where it puts them
                 publish(local, out)
                 shutil.rmtree(local, ignore_errors=True)
 
