@@ -299,6 +299,10 @@ class FlinkRunnerSettings(PipelineOptions):
         _flag(group, "shutdown_sources_after_idle_ms", type=int, default=None,
               help="milliseconds Flink keeps a source that has emitted everything (its default without "
                    "checkpointing: 0); a streaming job on Flink keeps its sources up")
+        _flag(group, "pipeline_resources_detector_factory_class", default=None,
+              help="the Java class that picks the jars the Flink job server ships with a job (its default: "
+                   "all of its classpath); deploy/flink's cluster has Beam's runner on its TaskManagers and "
+                   "names one that ships none (`launch.py flags`)")
 
 
 class StreamOptions(PipelineOptions):

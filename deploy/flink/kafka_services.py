@@ -107,6 +107,8 @@ class Kafka:
 
     def start(self, timeout: float = 120) -> "Kafka":
         broker, java_io = BROKER.classpath(), JAVA_IO.classpath()
+        if _L.stages_no_jars():  # a job of launch.py's cluster names StageNoJars: these read its options too
+            java_io += os.pathsep + str(_L.STAGE_NO_JARS_JAR)
         (self.folder / "log").mkdir(parents=True, exist_ok=True)
         config = self.write_config()
         if not (self.folder / "data" / "meta.properties").is_file():

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import zipfile
@@ -41,6 +42,10 @@ ROOT = HERE.parents[1]
 ENGINE = ROOT / ".engines" / "flink"
 CLUSTER = ENGINE / "cluster"
 JOB_SERVER_JAR = ENGINE / "beam-runners-flink-1.19-job-server-2.62.0.jar"
+# a job of this cluster ships no jars: the TaskManagers already hold Beam's runner (StageNoJars.java)
+STAGE_NO_JARS_SOURCE = HERE / "StageNoJars.java"
+STAGE_NO_JARS_JAR = ENGINE / "specrag-stage-no-jars.jar"
+STAGE_NO_JARS = "specrag.flink.StageNoJars"
 CLASSPATH = ENGINE / "classpath.txt"
 FLINK_VERSION = "1.19"
 JOB_SERVER_MAIN = "org.apache.beam.runners.flink.FlinkJobServerDriver"
@@ -140,11 +145,48 @@ def manifest_jar(path: Path, main_class: str, jars: list[Path]) -> Path:
 FLINK = JarSet("flink engine", HERE / "pom.xml", HERE / "jars.sha256", CLASSPATH)
 
 
+def build_stage_no_jars(jars: list[Path]) -> Path | None:
+    """``StageNoJars.java`` compiled against the pinned Beam SDK into a jar for the job server's
+    classpath (rebuilt when the source changes); None, with a line saying so, without a JDK's
+    ``javac``: jobs then ship the runner's jars as Beam does by default, only slower."""
+    stamp = STAGE_NO_JARS_JAR.with_suffix(".sha256")
+    key = _sha256(STAGE_NO_JARS_SOURCE)
+    if STAGE_NO_JARS_JAR.is_file() and stamp.is_file() and stamp.read_text() == key:
+        return STAGE_NO_JARS_JAR
+    if not shutil.which("javac"):
+        print("flink engine: no javac (a JDK) on the PATH: each job will ship the runner's jars (~14 s a job)")
+        return None
+    core = next(j for j in jars if j.name.startswith("beam-sdks-java-core-"))
+    with tempfile.TemporaryDirectory() as classes:
+        subprocess.run(["javac", "--release", "11", "-d", classes, "-cp", str(core), str(STAGE_NO_JARS_SOURCE)],
+                       check=True, capture_output=True, text=True)
+        with zipfile.ZipFile(STAGE_NO_JARS_JAR, "w") as jar:
+            for path in sorted(Path(classes).rglob("*.class")):
+                jar.write(path, path.relative_to(classes).as_posix())
+    stamp.write_text(key)
+    return STAGE_NO_JARS_JAR
+
+
 def install(quiet: bool = True) -> Path:
     """Resolve and check the engine's jars; returns the job server's jar. Idempotent."""
-    if FLINK.installed() and JOB_SERVER_JAR.is_file():
+    jars = FLINK.install(quiet)
+    extra = build_stage_no_jars(jars)
+    wanted = [*jars, *([extra] if extra else [])]
+    if JOB_SERVER_JAR.is_file() and _manifest_class_path(JOB_SERVER_JAR) == [j.as_uri() for j in wanted]:
         return JOB_SERVER_JAR
-    return manifest_jar(JOB_SERVER_JAR, JOB_SERVER_MAIN, FLINK.install(quiet))
+    return manifest_jar(JOB_SERVER_JAR, JOB_SERVER_MAIN, wanted)
+
+
+def _manifest_class_path(jar: Path) -> list[str]:
+    with zipfile.ZipFile(jar) as z:
+        text = z.read("META-INF/MANIFEST.MF").decode().replace("\r\n ", "")
+    line = next((ln for ln in text.split("\r\n") if ln.startswith("Class-Path: ")), "Class-Path: ")
+    return line[len("Class-Path: "):].split()
+
+
+def stages_no_jars() -> bool:
+    """Whether the installed job server holds ``StageNoJars`` (what `install` built)."""
+    return JOB_SERVER_JAR.is_file() and STAGE_NO_JARS_JAR.as_uri() in _manifest_class_path(JOB_SERVER_JAR)
 
 
 def free_port() -> int:
@@ -211,7 +253,9 @@ class Cluster:
         self.env = dict(os.environ if env is None else env)
         self.processes: dict[str, subprocess.Popen] = {}
         self._tm_flags: tuple[list[str], list[str]] | None = None
+        self._tm_ports: dict[str, int] = {}  # each TaskManager's RPC port, this start's
         self._classpath = CLASSPATH.read_text().strip() if CLASSPATH.is_file() else ""
+        self._stage_no_jars = False  # what the job server started with holds (start)
 
     # -- configuration ------------------------------------------------------------------
     def write_config(self) -> Path:
@@ -249,13 +293,19 @@ class Cluster:
         return result[0].split(), result[1].split()
 
     def start_taskmanager(self, name: str | None = None) -> str:
+        """Start a TaskManager (again, after a kill, under its old ``name``). Its resource id is
+        its name, so a restarted one replaces the dead one's registration at once (a job
+        submitted meanwhile was given the dead one's slots and failed); its RPC port is fresh, so
+        `wait_for` knows the new registration from the old."""
         conf = self.folder / "conf"
         if self._tm_flags is None:
             self._tm_flags = self._taskmanager_flags(conf)
         jvm, dynamic = self._tm_flags
         name = name or f"taskmanager-{sum(n.startswith('taskmanager') for n in self.processes) + 1}"
+        self._tm_ports[name] = free_port()
         self._java(name, [*JAVA_OPTS, *jvm, "-cp", self._classpath, TASK_MANAGER_MAIN, "--configDir", str(conf),
-                          *dynamic])
+                          *dynamic, "-D", f"taskmanager.resource-id={name}",
+                          "-D", f"taskmanager.rpc.port={self._tm_ports[name]}"])
         return name
 
     def start(self, timeout: float = 120) -> "Cluster":
@@ -267,7 +317,10 @@ class Cluster:
                                   "--configDir", str(conf)])
         for _ in range(self.taskmanagers):
             self.start_taskmanager()
-        self._java("jobserver", ["-Xmx512m", "-jar", str(JOB_SERVER_JAR), "--job-host", "127.0.0.1",
+        self._stage_no_jars = stages_no_jars()
+        # its log lines with their time (slf4j-simple's default has none)
+        timed = ["-Dorg.slf4j.simpleLogger.showDateTime=true", "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"]
+        self._java("jobserver", ["-Xmx512m", *timed, "-jar", str(JOB_SERVER_JAR), "--job-host", "127.0.0.1",
                                  "--job-port", str(self.job_port), "--artifact-port", "0", "--expansion-port", "0",
                                  "--flink-master", f"http://127.0.0.1:{self.rest_port}",
                                  "--artifacts-dir", str(self.folder / "artifacts"), "--clean-artifacts-per-job"])
@@ -291,20 +344,26 @@ class Cluster:
             return json.load(r)
 
     def wait_for(self, taskmanagers: int, timeout: float = 120) -> dict:
-        """Wait until ``taskmanagers`` TaskManagers are registered with the JobManager."""
+        """Wait until ``taskmanagers`` of the TaskManagers running now are registered with the
+        JobManager, each by its current process (not a killed one's registration still there)."""
         deadline = time.time() + timeout
         while True:
             self._check_alive()
             try:
-                overview = self.overview()
-                if overview["taskmanagers"] == taskmanagers:
-                    return overview
+                if self._registered() >= taskmanagers:
+                    return self.overview()
             except OSError:
                 pass
             if time.time() > deadline:
                 raise RuntimeError(f"Flink did not register {taskmanagers} TaskManagers in {timeout:.0f} s; "
                                    f"see {self.folder}/log")
             time.sleep(0.5)
+
+    def _registered(self) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.rest_port}/taskmanagers", timeout=5) as r:
+            found = {tm["id"]: tm["path"] for tm in json.load(r)["taskmanagers"]}
+        return sum(name in found and f":{port}/" in found[name] for name, port in self._tm_ports.items()
+                   if name in self.processes and self.processes[name].poll() is None)
 
     def kill(self, name: str) -> None:
         """SIGKILL one process of the cluster (a TaskManager, say): no clean-up of its own."""
@@ -316,7 +375,7 @@ class Cluster:
 
     def describe(self) -> dict:
         return {"rest": f"http://127.0.0.1:{self.rest_port}", "job_endpoint": f"127.0.0.1:{self.job_port}",
-                "parallelism": self.taskmanagers * self.slots,
+                "parallelism": self.taskmanagers * self.slots, "stage_no_jars": self._stage_no_jars,
                 "pids": {name: proc.pid for name, proc in self.processes.items()}}
 
     def flags(self, worker: str | None = None) -> list[str]:
@@ -342,13 +401,17 @@ def default_worker() -> str:
 
 def job_flags(described: dict, worker: str | None = None) -> list[str]:
     """The Beam flags that run a job on the cluster: Beam's FlinkRunner through the cluster's job
-    server, parallelism = the slots, each SDK worker started by ``specrag-worker``."""
+    server, parallelism = the slots, each SDK worker started by ``specrag-worker``, and no jar
+    shipped with the job where the job server can leave them out (`install` built StageNoJars)."""
     worker = worker or default_worker()
     # --flink_master: where a streaming job is cancelled (Beam's portable cancel leaves it running)
-    return ["--runner=FlinkRunner", f"--job_endpoint={described['job_endpoint']}",
-            f"--flink_master={described['rest'].split('://', 1)[1]}",
-            f"--parallelism={described['parallelism']}", "--environment_type=PROCESS",
-            "--environment_config=" + json.dumps({"command": worker}, separators=(",", ":"))]
+    flags = ["--runner=FlinkRunner", f"--job_endpoint={described['job_endpoint']}",
+             f"--flink_master={described['rest'].split('://', 1)[1]}",
+             f"--parallelism={described['parallelism']}", "--environment_type=PROCESS",
+             "--environment_config=" + json.dumps({"command": worker}, separators=(",", ":"))]
+    if described.get("stage_no_jars"):
+        flags.append(f"--pipeline_resources_detector_factory_class={STAGE_NO_JARS}")
+    return flags
 
 
 def main(argv: list[str] | None = None) -> int:

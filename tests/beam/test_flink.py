@@ -249,6 +249,8 @@ def test_the_deployment_guides_flink_command_works_as_written(flink, demo_tables
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     counters = manifest["counters"]
     assert counters["answered"] == 8 and "--runner=FlinkRunner" in manifest["beam_args"]
+    # the cluster's TaskManagers hold Beam's runner: the job server ships none of its 161 jars
+    assert "--pipeline_resources_detector_factory_class=specrag.flink.StageNoJars" in manifest["beam_args"]
     assert counters["models_loaded"] <= counters["engines_started"]  # one model, once per worker process
     done = subprocess.run(["bash", "-c", f"{job} --output {tmp_path / 'fnapi'} --runner=FnApiRunner"], env=env,
                           capture_output=True, text=True)
