@@ -136,9 +136,10 @@ test: install
 	$(MAKE) --no-print-directory -j4 -Otarget install-triton install-prism install-flink engines-after-apt
 	mkdir -p .tmp
 	TMPDIR=$(CURDIR)/.tmp $(PYTEST) tests
-	$(MAKE) compare-smoke
 
-# The regression suite: the demo data's methods against their expectations (a few minutes).
+# The regression suite: the demo data's methods against their expectations (a minute). make test
+# runs it as tests/beam/test_compare.py::test_the_smoke_suite_meets_its_expectations, beside the
+# other tests.
 compare-smoke: install
 	rm -rf .tmp/compare-smoke  # fresh runs: the code under test made them, not an earlier checkout
 	$(VENV)/bin/specrag compare --suite benchmarks/suites/smoke.yaml --check --workdir .tmp/compare-smoke

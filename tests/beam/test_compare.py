@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -430,3 +431,15 @@ def test_a_results_file_keeps_its_hand_written_reading_when_its_table_is_recorde
     text = results.read_text()
     assert "| 2 |" in text and "| 1 |" not in text and "Command: `python benchmarks/b.py`" in text
     assert text.index("x=2\n") < text.index("## Reading") and text.endswith("## Reading\n\n- x is 1 because.\n")
+
+
+@pytest.mark.slow
+def test_the_smoke_suite_meets_its_expectations(tmp_path):
+    """`make compare-smoke`, the regression suite CI runs: the demo questions answered by no
+    retrieval and standard RAG through `specrag compare --check`, each method within its
+    recorded expectations (here, beside the other tests, rather than after them on one core)."""
+    specrag = Path(sys.executable).with_name("specrag")
+    done = subprocess.run([str(specrag), "compare", "--suite", str(REPO / "benchmarks" / "suites" / "smoke.yaml"),
+                           "--check", "--workdir", str(tmp_path / "compare-smoke")], capture_output=True, text=True)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert "## Expectations" in (tmp_path / "compare-smoke" / "compare.md").read_text()

@@ -199,10 +199,14 @@ def test_build_datastore_and_extract_triplets_on_flink_equal_the_fnapi_runner(fl
         {k: v for k, v in corpus_jobs_on_fnapi.items() if k != "datastore_runner"}
 
 
-def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, demo_tables, demo_index, tmp_path):
-    """SIGKILL to a TaskManager while the job writes its shards: the job fails (its lease is
-    released), the TaskManager comes back, and --resume finishes the run without redoing the
-    finished shards; every id is answered once, as the FnApiRunner answers it."""
+def test_the_deployment_guides_command_survives_a_killed_taskmanager_and_resumes(flink, demo_tables, demo_index,
+                                                                                tmp_path):
+    """`specrag answer ... $(python deploy/flink/launch.py flags)`, as docs/guide/deployment.md
+    writes it, in a shell, against the running cluster; SIGKILL to a TaskManager while the job
+    writes its shards: the job fails (its lease is released), the TaskManager comes back, and the
+    same command with --resume finishes the run without redoing the finished shards. Every id is
+    answered once, as the FnApiRunner answers it (batch-invariant decoding), each worker process
+    loading its model once, and no jar shipped with the job."""
     queries = _queries(demo_tables[0], 16, tmp_path)  # 2 shards of 2 written before the kill, 12 rows after
     answer = ["answer", "--queries", str(queries), "--index", str(demo_index), "--method", "standard",
               "--set", "top_k=3", "--set", "max_new_tokens=24", "--set", "batch_invariant=true",
@@ -210,9 +214,14 @@ def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, d
     from specrag.pipelines.cli import main
     assert main([*answer, "--output", str(tmp_path / "fnapi")]) == 0
     out = tmp_path / "flink"
-    cli = [sys.executable, "-m", "specrag.pipelines.cli", *answer, "--output", str(out), *flink.flags()]
+    launcher = REPO / "deploy" / "flink" / "launch.py"
+    specrag = Path(sys.executable).with_name("specrag")
+    # exec: the shell's process becomes specrag's, so a signal or exit code is the job's own
+    command = (f"exec {specrag} {' '.join(answer)} --output {out} {{resume}}"
+               f"$({sys.executable} {launcher} flags --folder {flink.folder})")
     env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
-    job = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(["bash", "-c", command.format(resume="")], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 600
     while len(list(out.glob("results-*.parquet"))) < 2:
         assert job.poll() is None, f"the job ended before a TaskManager could be killed: {job.stderr.read()[-2000:]}"
@@ -226,36 +235,17 @@ def test_a_taskmanager_killed_mid_job_then_resume_answers_every_id_once(flink, d
     assert not (out / "manifest.json").exists()  # written when a run finishes
     flink.start_taskmanager("taskmanager-1")
     flink.wait_for(2)
-    assert main([*answer, "--output", str(out), "--resume", *flink.flags()]) == 0
+    done = subprocess.run(["bash", "-c", command.format(resume="--resume ")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed"]["skipped_finished"] >= 4  # the two finished shards' rows were not redone
-    assert _results(out) == _results(tmp_path / "fnapi")
-    assert len(_results(out)) == 16
-
-
-def test_the_deployment_guides_flink_command_works_as_written(flink, demo_tables, demo_index, tmp_path):
-    """`specrag answer ... $(python deploy/flink/launch.py flags)`, as docs/guide/deployment.md
-    writes it, in a shell, against the running cluster: standard RAG answers as on the FnApiRunner
-    (batch-invariant decoding), each worker process loading its model once."""
-    queries = _queries(demo_tables[0], 8, tmp_path)
-    launcher = REPO / "deploy" / "flink" / "launch.py"
-    specrag = Path(sys.executable).with_name("specrag")
-    job = (f"{specrag} answer --queries {queries} --index {demo_index} --method standard --set top_k=3 "
-           "--set max_new_tokens=24 --set batch_invariant=true")
-    command = f"{job} --output {tmp_path / 'out'} $({sys.executable} {launcher} flags --folder {flink.folder})"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
-    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    counters = manifest["counters"]
-    assert counters["answered"] == 8 and "--runner=FlinkRunner" in manifest["beam_args"]
+    assert "--runner=FlinkRunner" in manifest["beam_args"]
     # the cluster's TaskManagers hold Beam's runner: the job server ships none of its 161 jars
     assert "--pipeline_resources_detector_factory_class=specrag.flink.StageNoJars" in manifest["beam_args"]
+    counters = manifest["counters"]
     assert counters["models_loaded"] <= counters["engines_started"]  # one model, once per worker process
-    done = subprocess.run(["bash", "-c", f"{job} --output {tmp_path / 'fnapi'} --runner=FnApiRunner"], env=env,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert _results(tmp_path / "out") == _results(tmp_path / "fnapi")
+    assert _results(out) == _results(tmp_path / "fnapi")
+    assert len(_results(out)) == 16
 
 
 def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_restart(flink, demo_tables,

@@ -164,7 +164,7 @@ def test_the_beam_graph_is_the_method(demo_tables, demo_index, tmp_path):
     in-memory run."""
     from specrag.pipelines.answer import AnswerJob, run_answer
     from specrag.transforms.runtime import RuntimeConfig, get_services
-    rows = pq.read_table(demo_tables[0]).to_pylist()[:6]
+    rows = pq.read_table(demo_tables[0]).to_pylist()[:4]
     bad = dict(rows[0], id="demo-too-long", question="why " * 5000)
     path = tmp_path / "queries.parquet"
     pq.write_table(pa.Table.from_pylist(rows + [bad], schema=pq.read_schema(demo_tables[0])), path)
