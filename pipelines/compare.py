@@ -179,7 +179,7 @@ def run_jobs(suite: Suite, workdir: Path, extra_flags: list[str] = (), runs_dir:
     from specrag.methods.base import method_class
     from specrag.jobio.run_folder import ANSWER, RunFailed, RunFolder, input_contents
     from specrag.pipelines.answer import answer_job_from_flags, run_answer, run_fingerprint, run_identity
-    from specrag.jobio.files import exists, join, match_files, read_text
+    from specrag.jobio.files import exists, join, read_text
     from specrag.jobio.inputs import dataset_fingerprint, expand_inputs
     records = []
     total = len(suite.datasets) * len(suite.methods)

@@ -8,7 +8,6 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from specrag.jobio.run_folder import identity_differences  # noqa: F401 (the jobs' manifests name it)
 from specrag.redaction import redact
 
 PACKAGES = ("specrag", "apache-beam", "torch", "transformers", "pyarrow", "numpy", "bm25s",
