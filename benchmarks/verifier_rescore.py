@@ -113,6 +113,11 @@ def rescore(args) -> None:
         print(f"{args.set}: {len(done) + n}/{len(questions)} questions, {left / 60:.0f} min left", flush=True)
 
 
+def _label(name: str) -> str:
+    """A score's name as a table column ("|" would split a Markdown cell)."""
+    return name.replace(" | ", " given ")
+
+
 def _machine(out: Path) -> str:
     """The machine line the scoring run recorded (its verifier dtype too)."""
     meta = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else {}
@@ -127,9 +132,10 @@ def report(args) -> None:
         if not records:
             continue
         names = list(records[0]["scores"][0])
-        combos = {n: (lambda s, n=n: s[n]) for n in names}
-        combos.update({f"rho_draft + {n}": (lambda s, n=n: s["rho_draft"] + s[n])
-                       for n in names if n not in ("rho_draft",)})
+        combos = {_label(n): (lambda s, n=n: s[n]) for n in names}
+        combos["sum (default)"] = lambda s: s["rho_draft"] + s["rho_sc"] + s["rho_sr"]
+        combos.update({f"rho_draft + {_label(n)}": (lambda s, n=n: s["rho_draft"] + s[n])
+                       for n in names if n not in ("rho_draft", "rho_sc", "rho_sr")})
         row = {"set": path.stem, "questions": len(records)}
         for name, fn in combos.items():
             scored = [[(fn(s), ok) for s, ok in zip(r["scores"], r["right"])] for r in records]
@@ -152,7 +158,7 @@ def report(args) -> None:
              "", *markdown_table(rows, ["set", "questions", *columns]), ""]
     best = max(pooled, key=lambda n: pooled[n][0] / pooled[n][1])
     total = {n: pooled[n][0] / pooled[n][1] for n in pooled}
-    lines.append(f"questions={pooled[best][1]} recorded_sc_chosen_over_oracle={total['rho_sc']:.3f} "
+    lines.append(f"questions={pooled[best][1]} default_chosen_over_oracle={total['sum (default)']:.3f} "
                  f"best_score={best.replace(' ', '_')} best_chosen_over_oracle={total[best]:.3f}")
     text = "\n".join(lines) + "\n"
     print(text)
