@@ -42,7 +42,7 @@ ROOT = HERE.parents[1]
 ENGINE = ROOT / ".engines" / "flink"
 CLUSTER = ENGINE / "cluster"
 JOB_SERVER_JAR = ENGINE / "beam-runners-flink-1.19-job-server-2.62.0.jar"
-# a job of this cluster ships no jars: the TaskManagers already hold Beam's runner (StageNoJars.java)
+# a job of this cluster ships none of the runner's jars, which its TaskManagers hold (StageNoJars.java)
 STAGE_NO_JARS_SOURCE = HERE / "StageNoJars.java"
 STAGE_NO_JARS_JAR = ENGINE / "specrag-stage-no-jars.jar"
 STAGE_NO_JARS = "specrag.flink.StageNoJars"
