@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import verifier_selection as vs  # noqa: E402
-from workloads import REPO, machine_line, markdown_table  # noqa: E402
+from workloads import REPO, machine_line, markdown_table, publish  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "verifier_rescore"
 VERIFIER = "qwen2.5-coder-1.5b-instruct"
@@ -148,23 +148,21 @@ def report(args) -> None:
     if not rows:
         raise SystemExit(f"nothing scored yet under {args.out}")
     columns = [c for c in rows[0] if c not in ("set", "questions")]
-    lines = ["# Speculative RAG: verifier scores over the recorded drafts", "",
-             "Command: `python benchmarks/verifier_rescore.py --set SET --threads 2`, then "
-             "`python benchmarks/verifier_rescore.py --report --results benchmarks/results/verifier_rescore.md`", "",
-             _machine(args.out), "",
-             f"Drafts: the tuned SmolLM2-135M drafter's, as `{TUNED_RUNS.relative_to(REPO)}/<set>/{TUNED_FOLDER}` "
-             f"recorded them, on the questions whose drafts hold a right and a wrong answer; verifier {VERIFIER}. "
-             "Cells: chosen over oracle (%) and, in brackets, the within-question AUC of right against wrong drafts.",
-             "", *markdown_table(rows, ["set", "questions", *columns]), ""]
+    setup = (f"{_machine(args.out)}\n\nDrafts: the tuned SmolLM2-135M drafter's, as "
+             f"`{TUNED_RUNS.relative_to(REPO)}/<set>/{TUNED_FOLDER}` recorded them, on the questions whose drafts "
+             f"hold a right and a wrong answer; verifier {VERIFIER}. Cells: chosen over oracle (%) and, in brackets, "
+             "the within-question AUC of right against wrong drafts.")
+    report = "\n".join(markdown_table(rows, ["set", "questions", *columns]))
     best = max(pooled, key=lambda n: pooled[n][0] / pooled[n][1])
     total = {n: pooled[n][0] / pooled[n][1] for n in pooled}
-    lines.append(f"questions={pooled[best][1]} default_chosen_over_oracle={total['sum (default)']:.3f} "
-                 f"best_score={best.replace(' ', '_')} best_chosen_over_oracle={total[best]:.3f}")
-    text = "\n".join(lines) + "\n"
-    print(text)
+    claim = (f"questions={pooled[best][1]} default_chosen_over_oracle={total['sum (default)']:.3f} "
+             f"best_score={best.replace(' ', '_')} best_chosen_over_oracle={total[best]:.3f}")
     if args.results:
-        args.results.write_text(text)
-
+        publish(str(args.results), "Speculative RAG: verifier scores over the recorded drafts", setup, report, claim,
+                command="python benchmarks/verifier_rescore.py --set SET --threads 2, then "
+                        "python benchmarks/verifier_rescore.py --report --results benchmarks/results/verifier_rescore.md")
+    else:
+        print(f"{setup}\n\n{report}\n\n{claim}")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

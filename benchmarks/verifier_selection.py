@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import REPO, markdown_table  # noqa: E402
+from workloads import REPO, markdown_table, publish  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 # run folder of each set: the suite's slug of its name -> the imported set holding its gold answers
@@ -169,14 +169,12 @@ def main() -> None:
                 row[name] = f"{_pct(s.get('chosen'))} ({s['auc']:.2f})" if s.get("auc") is not None else "—"
             table.append(row)
     columns = ["pair", "set", "questions", "oracle %", "mixed %", "random", "majority", *SCORES]
-    lines = ["# Speculative RAG: which score picks the right draft", "",
-             f"Command: `python benchmarks/verifier_selection.py{' --results ' + str(args.results) if args.results else ''}`",
-             "", "Traces: " + ", ".join(f"{label}: `{runs.relative_to(REPO)}/<set>/{folder}`" for label, runs, folder in PAIRS)
+    setup = ("Traces: " + ", ".join(f"{label}: `{runs.relative_to(REPO)}/<set>/{folder}`" for label, runs, folder in PAIRS)
              + " (no model runs; the drafts and scores as the runs recorded them). A draft is right by the set's "
              f"headline rule (HotpotQA: F1 >= {args.f1_right}). Cells: the share (%) of the questions holding a "
              "right and a wrong draft (`mixed`) on which the rule's pick is right, i.e. chosen over oracle there, "
-             "and in brackets the within-question AUC of right against wrong drafts (0.5: chance).", "",
-             *markdown_table(table, columns), ""]
+             "and in brackets the within-question AUC of right against wrong drafts (0.5: chance).")
+    lines = [*markdown_table(table, columns), ""]
     claims, pooled = {}, []
     for label, results in per_pair.items():
         mixed = sum(a["mixed"] for a in results)
@@ -189,16 +187,15 @@ def main() -> None:
         pooled.append(row)
     lines += ["The four sets pooled (chosen over oracle on the mixed questions, %):", "",
               *markdown_table(pooled, ["pair", "mixed questions", "random", "majority", *SCORES]), ""]
-    tuned = claims.get(TUNED, {})
-    best = max(SCORES, key=lambda n: tuned[n] or 0) if tuned else None
-    if tuned:
-        lines.append(f"chosen_over_oracle={tuned['sum (default)']:.3f} best_score={best.replace(' ', '_')} "
-                     f"best_chosen_over_oracle={tuned[best]:.3f}")
-    text = "\n".join(lines) + "\n"
-    print(text)
+    tuned = claims[TUNED]
+    best = max(SCORES, key=lambda n: tuned[n] or 0)
+    claim = (f"chosen_over_oracle={tuned['sum (default)']:.3f} best_score={best.replace(' ', '_')} "
+             f"best_chosen_over_oracle={tuned[best]:.3f}")
+    report = "\n".join(lines).rstrip()
     if args.results:
-        args.results.write_text(text)
-
+        publish(str(args.results), "Speculative RAG: which score picks the right draft", setup, report, claim)
+    else:
+        print(f"{setup}\n\n{report}\n\n{claim}")
 
 if __name__ == "__main__":
     main()
