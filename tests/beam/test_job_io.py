@@ -573,7 +573,7 @@ def test_sigint_stops_a_batch_answer_in_seconds_with_one_line_and_resume_finishe
     from pathlib import Path
     from specrag.jobio.run_folder import LEASE_FILE
     rows = pq.read_table(demo_tables[0]).to_pylist()
-    many = [{**r, "id": f"{r['id']}-{i}"} for i in range(4) for r in rows]  # minutes of SmolLM2 on one thread
+    many = [{**r, "id": f"{r['id']}-{i}"} for i in range(2) for r in rows]  # a minute of SmolLM2 on one thread
     pq.write_table(pa.Table.from_pylist(many), tmp_path / "q.parquet")
     out = tmp_path / "out"
     args = ["answer", "--queries", str(tmp_path / "q.parquet"), "--index", str(demo_index), "--output", str(out),
