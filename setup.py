@@ -26,6 +26,7 @@ setup(
         "transformers==5.23.0",
         "gguf==0.19.0",
         "accelerate==1.15.0",
+        "peft==0.21.2",  # LoRA: the drafter's adapter, trained and merged over its base model
         "safetensors>=0.4",
         "bm25s==0.3.16",
         "PyStemmer==3.1.0",

@@ -108,6 +108,9 @@ class ModelSpec:
     locate: Callable[[], Path]  # GGUF file, or a transformers folder
     description: str
     chat: bool | None = None  # prompts through the tokenizer's chat template (None: where it has one)
+    # what the identity hashes when it is not what locate() gives: an adapter's own folder, not the
+    # merged copy, whose float sums may differ in the last bit on another processor
+    identity_source: Callable[[], Path] | None = None
 
 
 SMOLLM2_135M_INSTRUCT = ModelSpec("smollm2-135m-instruct", "causal-lm", _smollm2_gguf,
@@ -134,16 +137,63 @@ def cache_dir() -> Path:
 
 
 CARD = "specrag_model.json"  # a model specrag trained: its kind, base model, training and departures
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file name for a LoRA adapter's matrices
 
 
 def trained_spec(folder: str | Path) -> ModelSpec | None:
-    """The ModelSpec of a model folder specrag wrote (``train-utility``), or None."""
+    """The ModelSpec of a model folder specrag wrote (``train-utility``), or None. A LoRA adapter's
+    folder (its card names ``adapter_of``) loads as its base with the adapter merged in."""
     import json
     card = Path(folder) / CARD
     if not card.is_file():
         return None
     meta = json.loads(card.read_text())
+    if meta.get("adapter_of"):
+        return ModelSpec(str(folder), meta["kind"], lambda: merged_adapter(Path(folder), meta),
+                         meta.get("description", str(folder)), identity_source=lambda: Path(folder))
     return ModelSpec(str(folder), meta["kind"], lambda: Path(folder), meta.get("description", str(folder)))
+
+
+def merged_adapter(folder: Path, meta: dict) -> Path:
+    """The adapter merged over its base once (process-safe) into a plain transformers folder, which
+    the local, vLLM and Triton backends all load as they load any model. The adapter's sha256 and
+    its base's identity are checked against the card first: a damaged or replaced file, or a base
+    of other weights, is refused in one line instead of serving a model nobody trained."""
+    import hashlib
+    digest = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+    if digest != meta["adapter_sha256"]:
+        raise ValueError(f"{folder / ADAPTER_WEIGHTS}: sha256 {digest[:16]}… is not the {meta['adapter_sha256'][:16]}… "
+                         f"its card ({CARD}) names: the file is damaged or was replaced; restore it or train it again")
+    base = model_identity(meta["adapter_of"])
+    if meta.get("base_model") and base != meta["base_model"]:
+        raise ValueError(f"{folder} is an adapter of {meta['base_model']}, but {meta['adapter_of']} is now {base}: "
+                         "install the base it was trained on, or train the adapter again")
+
+    def merge(target: Path) -> str:
+        log.info("merging the adapter %s over %s into %s; this happens once", folder, meta["adapter_of"], target)
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        source = materialise(meta["adapter_of"])
+        model = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+        PeftModel.from_pretrained(model, folder).merge_and_unload().save_pretrained(target)
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+        return str(folder)
+    return built_once(cache_dir() / "merged" / f"{folder.name}-{digest[:16]}", merge)
+
+
+def built_once(target: Path, build: Callable[[Path], str]) -> Path:
+    """``target``, made by ``build`` (which returns what it was made from) the first time it is
+    asked for; other processes asking meanwhile wait on a lock and reuse it."""
+    done = target / ".complete"
+    if done.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            made_from = build(target)
+            done.write_text(made_from)
+    return target
 
 
 def model_spec(name: str) -> ModelSpec:
@@ -171,7 +221,8 @@ def model_identity(name: str) -> str:
     memoised by (path, size, mtime)."""
     import hashlib
     import json
-    source = model_spec(name).locate()
+    spec = model_spec(name)
+    source = (spec.identity_source or spec.locate)()
     files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     if source.is_dir() and (source / CARD).is_file():
         record = json.loads((source / CARD).read_text()).get("training_manifest")
@@ -202,15 +253,8 @@ def materialise(name: str) -> Path:
     source = spec.locate()
     if source.is_dir():
         return source
-    target = cache_dir() / "converted" / _cache_key(name, source)
-    done = target / ".complete"
-    if done.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one converter; other workers wait and reuse
-        if done.exists():
-            return target
+
+    def convert(target: Path) -> str:
         log.info("converting %s from GGUF (%s) to %s; this happens once", name, source, target)
         from transformers import AutoModelForCausalLM, AutoTokenizer
         tok = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
@@ -221,8 +265,8 @@ def materialise(name: str) -> Path:
             del model.config.quantization_config
         model.save_pretrained(target)
         tok.save_pretrained(target)
-        done.write_text(str(source))
-    return target
+        return str(source)
+    return built_once(cache_dir() / "converted" / _cache_key(name, source), convert)
 
 
 def _cache_key(name: str, source: Path) -> str:

@@ -150,7 +150,9 @@ def cmd_train_drafter(args, extra) -> int:
     from specrag.pipelines.training_inputs import TrainingInputFailed
     config = DrafterTrainingConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
                                    max_tokens=args.max_tokens, held_out=args.held_out,
-                                   checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads)
+                                   checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads,
+                                   lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+                                   option_orders=args.option_orders, compute_dtype=args.compute_dtype)
     try:
         report = run_train_drafter(args.rationales, args.output, config, base=args.base, overwrite=args.overwrite,
                                    resume=args.resume, max_failure_fraction=args.max_failure_fraction,
@@ -383,6 +385,16 @@ def parser() -> argparse.ArgumentParser:
                         "kept, and --resume continues a killed run from OUTPUT.partial")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="train a LoRA adapter of this rank on the base's linear layers instead of every weight "
+                        "(0: full fine-tuning); the folder then holds the adapter, loaded merged over --base")
+    p.add_argument("--lora-alpha", type=int, default=16, help="the adapter's scale is alpha / rank")
+    p.add_argument("--option-orders", type=int, default=0,
+                   help="teach each multiple-choice example in this many orders of its options, the gold option "
+                        "at a different letter in each, so the drafter learns the choice, not a letter (0: as given)")
+    p.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the matmuls' dtype while training (weights and optimizer stay float32): bfloat16 is faster "
+                        "on processors with AVX512-BF16 or AMX, slower elsewhere")
     _add_training_output_options(p)
     p.set_defaults(fn=cmd_train_drafter)
 

@@ -78,8 +78,10 @@ def write_rationales(run_dir: str, queries: str, index: str) -> dict:
     return summary
 
 
-def validate_rationale(row: dict, evaluation: frozenset[str]):
-    """A kept rationale row as a DrafterExample (the Draft prompt rebuilt from its subset)."""
+def validate_rationale(row: dict, evaluation: frozenset[str], option_orders: int = 0) -> list:
+    """A kept rationale row as DrafterExamples (the Draft prompt rebuilt from its subset): one, or
+    a multiple-choice row in ``option_orders`` orders of its options (training/drafter.py)."""
+    from specrag.training import drafter
     from specrag.training.drafter import DrafterExample
     from specrag.methods.prompts import build_prompt
     from specrag.retrieval.base import Hit
@@ -94,13 +96,21 @@ def validate_rationale(row: dict, evaluation: frozenset[str]):
         raise RowError("doc_texts", "no documents")
     docs = [Hit(i, 0.0, t or "", x) for i, t, x in zip(row.get("doc_ids") or [""] * len(texts),
                                                        row.get("doc_titles") or [""] * len(texts), texts)]
-    query = {"question": row["question"], "task_type": row["task_type"], "choices": row.get("choices") or [],
-             "choice_labels": row.get("choice_labels") or []}
-    try:
-        prompt = build_prompt(query, docs)
-    except KeyError as e:
-        raise RowError("task_type", f"unknown task type {row['task_type']!r}") from e
-    return DrafterExample(row["id"], prompt, row["answer"].strip(), " ".join(row["rationale"].split()))
+    choices, labels = row.get("choices") or [], row.get("choice_labels") or []
+    rationale = " ".join(row["rationale"].split())
+    variants = [(choices, row["answer"].strip(), rationale)]
+    if row["task_type"] == "multiple_choice" and option_orders:
+        variants = drafter.option_orders(choices, labels, row["answer"].strip(), rationale, option_orders, row["id"])
+    examples = []
+    for options, answer, text in variants:
+        query = {"question": row["question"], "task_type": row["task_type"], "choices": options,
+                 "choice_labels": labels}
+        try:
+            prompt = build_prompt(query, docs)
+        except KeyError as e:
+            raise RowError("task_type", f"unknown task type {row['task_type']!r}") from e
+        examples.append(DrafterExample(row["id"], prompt, answer, text))  # one id: held out together
+    return examples
 
 
 def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overwrite: bool = False,
@@ -115,7 +125,8 @@ def run_train_drafter(rationales: str, out_dir: str, config, *, base: str, overw
     files = training_tables(rationales, RATIONALES_FILE, "synthesize-rationales")
     rows = sorted((r for f in files for r in read_parquet(f).to_pylist()), key=lambda r: str(r.get("id")))
     evaluation = evaluation_ids()
-    examples, dead = split_rows(rows, lambda r: validate_rationale(r, evaluation), "train-drafter")
+    valid, dead = split_rows(rows, lambda r: validate_rationale(r, evaluation, config.option_orders), "train-drafter")
+    examples = [e for per_row in valid for e in per_row]
     key = content_key(config, model_identity(base), examples)
     cached = cached_report(out_dir, key)
     if cached is not None:

@@ -9,6 +9,12 @@ model is served as ``--model drafter=FOLDER`` with no change to the method. Held
 measure the response's per-token loss before training and at each checkpoint; the checkpoint
 with the lowest is kept. Deterministic for a seed (one thread, seeded order); a killed run
 resumes from ``<output>.partial``.
+
+With ``lora_rank`` > 0 the base stays frozen and a LoRA adapter (peft) is trained on its linear
+layers instead: a 0.5B drafter's full fine-tuning holds 6 GB of AdamW state and writes a 2 GB
+folder, its adapter a few MB that can ship in the repository. The folder then holds the adapter
+and a card naming its base and sha256; every backend loads it merged over the base
+(inference/models.py), so the method and the engines see a plain causal LM.
 """
 from __future__ import annotations
 
@@ -45,10 +51,21 @@ class DrafterTrainingConfig:
     checkpoint_every: int = 0  # steps between checkpoints (0: at the end only)
     seed: int = 0
     threads: int = 1
+    lora_rank: int = 0  # 0: full fine-tuning; else the rank of a LoRA adapter on every linear layer
+    lora_alpha: int = 16  # the adapter's scale is lora_alpha / lora_rank
+    option_orders: int = 0  # multiple-choice examples taught in this many orders of their options (0: as given)
+    # the matmuls' dtype (autocast); the weights and the optimizer stay float32. bfloat16: a 0.5B
+    # LoRA step 1.4x faster on AVX512-BF16 (benchmarks/results/speculative_rag_pays.md), emulated
+    # and slower on processors without it
+    compute_dtype: str = "float32"
 
     def validate(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.max_tokens < 16:
             raise ValueError("need epochs >= 1, batch_size >= 1, max_tokens >= 16")
+        if self.lora_rank < 0 or self.lora_alpha < 1 or self.option_orders < 0:
+            raise ValueError("need lora_rank >= 0, lora_alpha >= 1, option_orders >= 0")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}")
         if not 0 <= self.held_out < 1 or self.learning_rate <= 0 or self.checkpoint_every < 0:
             raise ValueError("need 0 <= held_out < 1, learning_rate > 0, checkpoint_every >= 0")
 
@@ -80,6 +97,44 @@ class DrafterReport:
     wall_s: float = 0.0
 
 
+def option_orders(choices: Sequence[str], labels: Sequence[str], answer: str, rationale: str, orders: int,
+                  key: str) -> list[tuple[list[str], str, str]]:
+    """A multiple-choice example in ``orders`` orders of its options: (choices, answer label,
+    rationale) each, the gold option at a different letter in each (from a start seeded by
+    ``key``), the others shuffled, and the rationale's letter references ("option B", "(B)",
+    "B. <its option's text>") moved with their options. Why: a drafter tuned on 150 ARC rationales
+    learnt to answer "A" (411 of 500 drafts, benchmarks/results/drafter.md) though its data spread
+    the letters; a gold letter that moves while the option stays teaches the choice."""
+    import random
+    import re
+    labels, choices = list(labels), list(choices)
+    if answer not in labels or orders < 1:
+        return [(choices, answer, rationale)]
+    n, gold = len(labels), labels.index(answer)
+    rng = random.Random(hashlib.sha256(key.encode()).hexdigest())
+    start = rng.randrange(n)
+    alternatives = "|".join(map(re.escape, labels))
+    named = re.compile(rf"\b(?:option|choice|answer)(?:\s+is)?\s*\(?({alternatives})\b|\(({alternatives})\)")
+    dotted = re.compile(rf"\b({alternatives})\.\s+")  # "C. blow up a balloon": moved only before its own text
+    out = []
+    for j in range(min(orders, n)):
+        order = [i for i in range(n) if i != gold]
+        rng.shuffle(order)
+        order.insert((start + j) % n, gold)  # order[new position] = old index
+        new = {labels[old]: labels[pos] for pos, old in enumerate(order)}
+
+        def moved(m: re.Match) -> str:
+            g = 1 if m.group(1) else 2
+            return m.string[m.start():m.start(g)] + new[m.group(g)] + m.string[m.end(g):m.end()]
+
+        def moved_dotted(m: re.Match) -> str:
+            own = choices[labels.index(m.group(1))]
+            return moved(m) if own and m.string[m.end():].lower().startswith(own[:12].lower()) else m.group(0)
+        text = dotted.sub(moved_dotted, named.sub(moved, rationale)) if rationale else rationale
+        out.append(([choices[i] for i in order], labels[order.index(gold)], text))
+    return out
+
+
 def encode(tokenizer, example: DrafterExample, chat: bool, end_ids: Sequence[int]) -> tuple[list[int], list[int]]:
     """(prompt ids, response ids) exactly as Draft feeds and reads them."""
     from specrag.inference.local_base import prompt_token_ids
@@ -102,10 +157,15 @@ def response_loss(model, rows: Sequence[tuple[list[int], list[int]]], pad_id: in
         ids[b, :n] = torch.tensor(p + r)
         labels[b, len(p):n] = torch.tensor(r)
         attention[b, :n] = 1
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
     target = labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                             ignore_index=-100, reduction="sum")
+    if getattr(model.config, "final_logit_softcapping", None):  # the head's output is transformed: the whole forward
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1][target != -100]
+    else:
+        # the output head on the response's positions only: a 151k-word vocabulary (Qwen) over all
+        # 8 x 1,000 positions is 5 GB of logits a copy, and a quarter of a 0.5B model's step
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
+        logits = model.get_output_embeddings()(hidden[target != -100])
+    loss = torch.nn.functional.cross_entropy(logits, target[target != -100], reduction="sum")
     tokens = int((target != -100).sum())
     return (loss, tokens) if reduction == "sum" else loss / max(1, tokens)
 
@@ -147,6 +207,9 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     path = materialise(base)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if config.lora_rank:
+        model = with_adapter(model, config)
+    trained = [p for p in model.parameters() if p.requires_grad]
     chat = bool(tokenizer.chat_template)
     end_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids or [0])[0]
@@ -167,7 +230,7 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
         f"out; base {base}")
     per_epoch = math.ceil(len(train_rows) / config.batch_size)
     total = per_epoch * config.epochs
-    optimizer, schedule = adamw_with_warmup([{"params": list(model.parameters()), "lr": config.learning_rate}],
+    optimizer, schedule = adamw_with_warmup([{"params": trained, "lr": config.learning_rate}],
                                             config.warmup_ratio, total)
     generator, rng = torch.Generator().manual_seed(config.seed), np.random.default_rng(config.seed)
     state_dir = partial_dir(out_dir)
@@ -178,7 +241,7 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
         say(f"held-out response loss, untrained: {report.held_out_loss_untrained}")
         order, done, best, best_weights, earlier_wall = [], 0, {"score": [float("inf")], "step": 0}, None, 0.0
     else:
-        model.load_state_dict(resumed["model"])
+        model.load_state_dict(resumed["model"], strict=not config.lora_rank)
         optimizer.load_state_dict(resumed["optimizer"])
         schedule.load_state_dict(resumed["schedule"])
         for k, v in resumed["report"].items():
@@ -198,10 +261,11 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
             order += rng.permutation(len(train_rows)).tolist()
         batch, order = [train_rows[i] for i in order[:config.batch_size]], order[config.batch_size:]
         model.train()
-        loss = response_loss(model, batch, pad_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.compute_dtype == "bfloat16"):
+            loss = response_loss(model, batch, pad_id)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
         report.step_loss.append(round(float(loss.detach()), 5))
@@ -217,15 +281,15 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
         score = [loss_now if loss_now is not None else float(np.mean(report.step_loss[-per_epoch:]))]
         if score < best["score"]:
             best = {"score": score, "step": s + 1}
-            best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            best_weights = trained_weights(model, config)
         say(f"drafter checkpoint at step {s + 1}/{total}: held-out response loss {loss_now}; best: step {best['step']}")
         if s + 1 < total:
             report.wall_s = round(earlier_wall + time.time() - started, 3)
-            save_state(state_dir, identity, model, optimizer, schedule, generator, rng, order, s + 1, best,
+            save_state(state_dir, identity, trained_weights(model, config), optimizer, schedule, generator, rng, order, s + 1, best,
                        best_weights, report)
     report.epoch_loss = [round(float(np.mean(report.step_loss[e * per_epoch:(e + 1) * per_epoch])), 5)
                          for e in range(len(report.step_loss) // per_epoch)]
-    model.load_state_dict(best_weights)
+    model.load_state_dict(best_weights, strict=not config.lora_rank)
     report.best_step = best["step"]
     report.held_out_loss_trained = next(c["held_out_loss"] for c in report.checkpoints if c["step"] == best["step"])
     report.wall_s = round(earlier_wall + time.time() - started, 3)
@@ -234,16 +298,40 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     return report
 
 
+def with_adapter(model, config: DrafterTrainingConfig):
+    """``model`` frozen under a LoRA adapter on all its linear layers but the output head (seeded)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(config.seed)  # the adapter's A matrices start random
+    return get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                                            target_modules="all-linear", task_type="CAUSAL_LM"))
+
+
+def trained_weights(model, config: DrafterTrainingConfig) -> dict:
+    """A copy of what training changes: the whole state, or only the adapter's matrices."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if not config.lora_rank or "lora_" in k}
+
+
 MANIFEST = "training_manifest.json"
 
 
 def save_drafter(model, tokenizer, config: DrafterTrainingConfig, report: DrafterReport, out: Path, base: str,
                  key: str, provenance: dict | None) -> None:
-    """The model folder: a transformers causal LM any role loads, with the card and the manifest."""
-    from specrag.inference.models import CARD, model_identity
+    """The model folder: a transformers causal LM any role loads (or a LoRA adapter, which every
+    backend loads merged over its base), with the card and the manifest."""
+    from specrag.inference.models import ADAPTER_WEIGHTS, CARD, model_identity
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    adapter = {}
+    if config.lora_rank:  # the base's tokenizer comes with the base when the adapter is merged
+        # peft writes the base's local path (another on each machine) and a README card of its own
+        settings = json.loads((out / "adapter_config.json").read_text())
+        (out / "adapter_config.json").write_text(json.dumps({**settings, "base_model_name_or_path": base}, indent=2,
+                                                            sort_keys=True))
+        (out / "README.md").unlink(missing_ok=True)
+        adapter = {"adapter_of": base, "adapter_sha256": hashlib.sha256((out / ADAPTER_WEIGHTS).read_bytes()).hexdigest()}
+    else:
+        tokenizer.save_pretrained(out)
     manifest = {"training": asdict(config), "report": asdict(report), "base_model": model_identity(base),
                 "content_key": key, "departure": DEPARTURE,
                 "objective": "LM cross-entropy on the response (answer, 'Rationale:' marker, rationale, end of turn) "
@@ -251,8 +339,9 @@ def save_drafter(model, tokenizer, config: DrafterTrainingConfig, report: Drafte
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     (out / CARD).write_text(json.dumps({
         "kind": "causal-lm", "family": "speculative-rag-drafter",
-        "description": f"Speculative RAG drafter ({base} tuned on {report.examples} synthesized rationales)",
-        "base_model": manifest["base_model"], "departure": DEPARTURE, "training_manifest": MANIFEST},
+        "description": f"Speculative RAG drafter ({base} tuned on {report.examples} synthesized rationales"
+                       f"{f', a LoRA adapter of rank {config.lora_rank}' if config.lora_rank else ''})",
+        "base_model": manifest["base_model"], "departure": DEPARTURE, "training_manifest": MANIFEST, **adapter},
         indent=2, sort_keys=True))
 
 

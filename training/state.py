@@ -41,11 +41,13 @@ def partial_dir(out_dir: str | Path) -> Path:
 
 def save_state(state_dir: Path, identity: str, model, optimizer, schedule, generator, rng, order, step: int,
                best: dict, best_weights, report) -> None:
-    """The whole training state, written to a temporary file and renamed (a kill leaves the last one)."""
+    """The whole training state, written to a temporary file and renamed (a kill leaves the last one).
+    ``model`` is a module, or the state dict of its trained part (a LoRA run saves only its adapter)."""
     import torch
     state_dir.mkdir(parents=True, exist_ok=True)
     tmp = state_dir / (STATE_FILE + ".tmp")
-    torch.save({"identity": identity, "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+    weights = model if isinstance(model, dict) else model.state_dict()
+    torch.save({"identity": identity, "step": step, "model": weights, "optimizer": optimizer.state_dict(),
                 "schedule": schedule.state_dict(), "generator": generator.get_state(), "rng": rng.bit_generator.state,
                 "torch_rng": torch.get_rng_state(), "order": list(order), "best": dict(best),
                 "best_weights": best_weights, "report": asdict(report)}, tmp)

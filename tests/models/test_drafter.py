@@ -166,13 +166,70 @@ def test_train_drafter_lowers_the_loss_and_serves_as_the_drafter(demo_tables, de
     stored = tmp_path / "bucket" / "drafter"
     assert sorted(p.name for p in stored.iterdir()) == sorted(p.name for p in model.iterdir())
     assert (stored / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+    run = _answers_as_the_drafter(model, demo_tables, demo_index, tiny_llama_folder, tmp_path)
+    assert run["identity"]["models"]["drafter"].startswith(str(model))
+
+
+def _answers_as_the_drafter(model, demo_tables, demo_index, verifier, tmp_path) -> dict:
+    """Two demo questions answered by Speculative RAG with ``model`` drafting: the run's manifest."""
     queries = tmp_path / "queries.parquet"
     pq.write_table(pq.read_table(demo_tables[0]).slice(0, 2), queries)
     assert main(["answer", "--method", "speculative-rag", "--queries", str(queries), "--index", str(demo_index),
                  "--output", str(tmp_path / "run"), "--model", f"drafter={model}",
-                 "--model", f"verifier={tiny_llama_folder}", "--set", "drafts=2", "--set", "top_k=4",
+                 "--model", f"verifier={verifier}", "--set", "drafts=2", "--set", "top_k=4",
                  "--threads", "1"]) == 0
     results = [r for f in sorted((tmp_path / "run").glob("results-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert len(results) == 2 and all(len(r["trace"]["drafts"]) == 2 for r in results)
-    run = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert run["identity"]["models"]["drafter"].startswith(str(model))
+    return json.loads((tmp_path / "run" / "manifest.json").read_text())
+
+
+def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(demo_tables, demo_index,
+                                                                            tiny_llama_folder, tmp_path):
+    """--lora-rank: the base frozen, an adapter trained; a run killed after a checkpoint resumes
+    to the uninterrupted run's losses and adapter; the folder holds the adapter and a card with
+    its sha256, loads merged over its base (the answer job runs it as the drafter), and a damaged
+    adapter is refused in one line."""
+    import torch
+    from safetensors.torch import load_file
+    from specrag.inference.models import ADAPTER_WEIGHTS, CARD, model_identity, model_spec
+    from specrag.pipelines.drafter import validate_rationale
+    from specrag.training.drafter import DrafterTrainingConfig, train_drafter
+    from specrag.training.state import partial_dir
+    examples = [e for r in _rationale_rows(demo_tables) for e in validate_rationale(r, frozenset())]
+    config = DrafterTrainingConfig(epochs=3, batch_size=2, learning_rate=3e-3, held_out=0.2, checkpoint_every=2,
+                                   lora_rank=4, lora_alpha=8)
+    whole = train_drafter(examples, config, tmp_path / "whole", base=str(tiny_llama_folder))
+
+    class Killed(Exception):
+        pass
+
+    def dies_at_the_second_checkpoint(line: str) -> None:
+        if line.startswith("drafter checkpoint at step 4/"):
+            raise Killed  # after the first checkpoint's state was saved
+    with pytest.raises(Killed):
+        train_drafter(examples, config, tmp_path / "b", base=str(tiny_llama_folder),
+                      progress=dies_at_the_second_checkpoint)
+    assert (partial_dir(tmp_path / "b") / "state.pt").is_file()
+    resumed = train_drafter(examples, config, tmp_path / "b", base=str(tiny_llama_folder))
+    assert resumed.resumed_at == [2] and resumed.step_loss == whole.step_loss
+    assert resumed.held_out_loss_trained < resumed.held_out_loss_untrained
+    a, b = (load_file(str(tmp_path / run / ADAPTER_WEIGHTS)) for run in ("whole", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) and all("lora_" in k for k in a)
+    folder = tmp_path / "b"
+    assert not (folder / "model.safetensors").exists() and not partial_dir(folder).exists()
+    card = json.loads((folder / CARD).read_text())
+    assert card["adapter_of"] == str(tiny_llama_folder) and len(card["adapter_sha256"]) == 64
+    merged = model_spec(str(folder)).locate()
+    assert (merged / "model.safetensors").is_file() and model_spec(str(folder)).kind == "causal-lm"
+    base = load_file(str(tiny_llama_folder / "model.safetensors"))
+    weights = load_file(str(merged / "model.safetensors"))
+    changed = [k for k in base if not torch.equal(base[k], weights[k])]
+    assert changed and all(k.endswith("proj.weight") for k in changed)  # the adapted linear layers, merged in
+    run = _answers_as_the_drafter(folder, demo_tables, demo_index, tiny_llama_folder, tmp_path)
+    assert run["identity"]["models"]["drafter"] == model_identity(str(folder))
+    damaged = tmp_path / "damaged"
+    import shutil
+    shutil.copytree(folder, damaged)
+    (damaged / ADAPTER_WEIGHTS).write_bytes((folder / ADAPTER_WEIGHTS).read_bytes()[:-1] + b"\0")
+    with pytest.raises(ValueError, match="is not the .* its card .* names: the file is damaged or was replaced"):
+        model_spec(str(damaged)).locate()
