@@ -148,6 +148,7 @@ def cmd_train_drafter(args, extra) -> int:
     from specrag.training.drafter import DrafterTrainingConfig
     from specrag.pipelines.drafter import run_train_drafter
     from specrag.pipelines.training_inputs import TrainingInputFailed
+    from specrag.training.state import TrainingStopped
     config = DrafterTrainingConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.learning_rate,
                                    max_tokens=args.max_tokens, held_out=args.held_out,
                                    checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads,
@@ -160,6 +161,9 @@ def cmd_train_drafter(args, extra) -> int:
     except TrainingInputFailed as e:
         print(f"specrag train-drafter: failed: {e}", file=sys.stderr)
         return 1
+    except TrainingStopped as e:
+        print(f"specrag train-drafter: {e}", file=sys.stderr)
+        return 130
     print(json.dumps({k: report[k] for k in ("cached", "examples", "held_out_examples", "too_long", "epoch_loss",
                                              "held_out_loss_untrained", "held_out_loss_trained", "best_step",
                                              "dead_letters", "wall_s")}))

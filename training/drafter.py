@@ -29,7 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-from specrag.training.state import adamw_with_warmup, load_state, partial_dir, save_state, split_held_out
+from specrag.training.state import (TrainingStopped, adamw_with_warmup, load_state, partial_dir, save_state,
+                                    split_held_out, stop_on_signals)
+from specrag.wording import duration
 
 log = logging.getLogger(__name__)
 BASE_MODEL = "smollm2-135m-instruct"
@@ -255,38 +257,43 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     resumed = None
     every = config.checkpoint_every or total
     spent = 0.0
-    for s in range(done, total):
-        step_started = time.time()
-        if len(order) < config.batch_size:
-            order += rng.permutation(len(train_rows)).tolist()
-        batch, order = [train_rows[i] for i in order[:config.batch_size]], order[config.batch_size:]
-        model.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.compute_dtype == "bfloat16"):
-            loss = response_loss(model, batch, pad_id)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
-        schedule.step()
-        report.step_loss.append(round(float(loss.detach()), 5))
-        spent += time.time() - step_started
-        if (s + 1) % PROGRESS_EVERY == 0 or s + 1 == total:
-            recent = report.step_loss[-PROGRESS_EVERY:]
-            say(f"drafter training: step {s + 1}/{total}, loss {sum(recent) / len(recent):.4f} (mean of the last "
-                f"{len(recent)}), {spent / (s + 1 - done):.1f} s/step")
-        if (s + 1) % every and s + 1 < total:
-            continue
-        loss_now = held_out_loss(model, held_rows, pad_id, config.batch_size)
-        report.checkpoints.append({"step": s + 1, "held_out_loss": loss_now})
-        score = [loss_now if loss_now is not None else float(np.mean(report.step_loss[-per_epoch:]))]
-        if score < best["score"]:
-            best = {"score": score, "step": s + 1}
-            best_weights = trained_weights(model, config)
-        say(f"drafter checkpoint at step {s + 1}/{total}: held-out response loss {loss_now}; best: step {best['step']}")
-        if s + 1 < total:
-            report.wall_s = round(earlier_wall + time.time() - started, 3)
-            save_state(state_dir, identity, trained_weights(model, config), optimizer, schedule, generator, rng, order, s + 1, best,
-                       best_weights, report)
+    with stop_on_signals() as stop:
+        for s in range(done, total):
+            step_started = time.time()
+            if len(order) < config.batch_size:
+                order += rng.permutation(len(train_rows)).tolist()
+            batch, order = [train_rows[i] for i in order[:config.batch_size]], order[config.batch_size:]
+            model.train()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.compute_dtype == "bfloat16"):
+                loss = response_loss(model, batch, pad_id)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            optimizer.step()
+            schedule.step()
+            report.step_loss.append(round(float(loss.detach()), 5))
+            spent += time.time() - step_started
+            if (s + 1) % PROGRESS_EVERY == 0 or s + 1 == total:
+                recent, per_step = report.step_loss[-PROGRESS_EVERY:], spent / (s + 1 - done)
+                say(f"drafter training: step {s + 1}/{total}, loss {sum(recent) / len(recent):.4f} (mean of the "
+                    f"last {len(recent)}), {per_step:.1f} s/step, {duration((total - s - 1) * per_step)} of steps left")
+            checkpoint = (s + 1) % every == 0 or s + 1 == total
+            if checkpoint:
+                loss_now = held_out_loss(model, held_rows, pad_id, config.batch_size)
+                report.checkpoints.append({"step": s + 1, "held_out_loss": loss_now})
+                score = [loss_now if loss_now is not None else float(np.mean(report.step_loss[-per_epoch:]))]
+                if score < best["score"]:
+                    best = {"score": score, "step": s + 1}
+                    best_weights = trained_weights(model, config)
+                say(f"drafter checkpoint at step {s + 1}/{total}: held-out response loss {loss_now}; "
+                    f"best: step {best['step']}")
+            if s + 1 < total and (checkpoint or stop.is_set()):
+                report.wall_s = round(earlier_wall + time.time() - started, 3)
+                save_state(state_dir, identity, trained_weights(model, config), optimizer, schedule, generator, rng,
+                           order, s + 1, best, best_weights, report)
+                if stop.is_set():
+                    raise TrainingStopped(f"drafter training stopped by a signal after step {s + 1}/{total}, its "
+                                          f"state saved in {state_dir}: --resume continues from that step")
     report.epoch_loss = [round(float(np.mean(report.step_loss[e * per_epoch:(e + 1) * per_epoch])), 5)
                          for e in range(len(report.step_loss) // per_epoch)]
     model.load_state_dict(best_weights, strict=not config.lora_rank)

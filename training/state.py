@@ -2,12 +2,49 @@
 a killed run resumes from (``<output>.partial/state.pt``)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+
+
+class TrainingStopped(RuntimeError):
+    """A signal stopped training after a step whose state was saved: ``--resume`` continues there."""
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """SIGTERM or SIGINT while training: the event is set, and the loop saves its state after the
+    step in flight and raises TrainingStopped, so a stopped run loses no step (a kill loses the
+    steps since the last checkpoint); a second signal stops at once. Handlers are set only in the
+    main thread (elsewhere the event is never set)."""
+    import signal
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopped without saving")
+        stop.set()
+        log.warning("%s: saving the training state after this step, then stopping (again to stop at once)",
+                    signal.Signals(signum).name)
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def split_held_out(examples: Sequence[Any], share: float, seed: int):

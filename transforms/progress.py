@@ -26,7 +26,7 @@ import apache_beam as beam
 
 from specrag.jobio.files import delete, join, match_files, mkdirs, read_text, write_text
 from specrag.jobio.tables import open_table
-from specrag.wording import count
+from specrag.wording import count, duration
 
 PROGRESS_DIR = ".progress"
 KINDS = ("done", "dead", "admitted", "failed")  # admitted / failed: a streaming job's queries in, failed in a stage
@@ -121,13 +121,6 @@ def count_ids(files: list[str], column: str) -> int:
     return len({i for f in files for i in read_parquet(f, columns=[column]).column(column).to_pylist()})
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
 def progress_line(job: str, done: int, dead: int, total: int | None, rate: float | None, unit: str,
                   in_flight: int | None = None, rate_window_s: float = 60.0) -> str:
     """`answer: 340/1000 queries (34%) · 2.10 queries/s · ETA 5m14s · 3 dead letters` (of the
@@ -138,9 +131,9 @@ def progress_line(job: str, done: int, dead: int, total: int | None, rate: float
     parts = [f"{job}: {finished}/{total} {unit} ({100 * finished / total:.0f}%)" if total
              else f"{job}: {done} {unit}"]
     if rate:
-        parts.append(f"{rate:.2f} {unit}/s" + (f" over {_duration(rate_window_s)}" if in_flight is not None else ""))
+        parts.append(f"{rate:.2f} {unit}/s" + (f" over {duration(rate_window_s)}" if in_flight is not None else ""))
         if total and total > finished:
-            parts.append(f"ETA {_duration((total - finished) / rate)}")
+            parts.append(f"ETA {duration((total - finished) / rate)}")
     if in_flight is not None:
         parts.append(f"{in_flight} in flight")
     parts.append(count(dead, "dead letter"))
@@ -208,7 +201,7 @@ class ProgressWatcher:
         else:
             elapsed = time.monotonic() - self.started
             finished = self.counts["done"] + self.counts["dead"]
-            print(f"{self.job}: finished {self.counts['done']} {self.unit}, {dead} in {_duration(elapsed)} "
+            print(f"{self.job}: finished {self.counts['done']} {self.unit}, {dead} in {duration(elapsed)} "
                   f"({finished / elapsed if elapsed else 0:.2f} {self.unit}/s)", file=self.stream, flush=True)
 
 

@@ -186,15 +186,18 @@ def _answers_as_the_drafter(model, demo_tables, demo_index, verifier, tmp_path) 
 def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(demo_tables, demo_index,
                                                                             tiny_llama_folder, tmp_path):
     """--lora-rank: the base frozen, an adapter trained; a run killed after a checkpoint resumes
-    to the uninterrupted run's losses and adapter; the folder holds the adapter and a card with
+    from it, and one stopped by SIGTERM from the step it stopped at, both to the uninterrupted
+    run's losses and adapter; the folder holds the adapter and a card with
     its sha256, loads merged over its base (the answer job runs it as the drafter), and a damaged
     adapter is refused in one line."""
     import torch
     from safetensors.torch import load_file
     from specrag.inference.models import ADAPTER_WEIGHTS, CARD, model_identity, model_spec
     from specrag.pipelines.drafter import validate_rationale
+    import os
+    import signal
     from specrag.training.drafter import DrafterTrainingConfig, train_drafter
-    from specrag.training.state import partial_dir
+    from specrag.training.state import TrainingStopped, partial_dir
     examples = [e for r in _rationale_rows(demo_tables) for e in validate_rationale(r, frozenset())]
     config = DrafterTrainingConfig(epochs=3, batch_size=2, learning_rate=3e-3, held_out=0.2, checkpoint_every=2,
                                    lora_rank=4, lora_alpha=8)
@@ -213,8 +216,18 @@ def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(dem
     resumed = train_drafter(examples, config, tmp_path / "b", base=str(tiny_llama_folder))
     assert resumed.resumed_at == [2] and resumed.step_loss == whole.step_loss
     assert resumed.held_out_loss_trained < resumed.held_out_loss_untrained
-    a, b = (load_file(str(tmp_path / run / ADAPTER_WEIGHTS)) for run in ("whole", "b"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) and all("lora_" in k for k in a)
+
+    def signalled_at_the_second_checkpoint(line: str) -> None:
+        if line.startswith("drafter checkpoint at step 4/"):
+            os.kill(os.getpid(), signal.SIGTERM)  # as a session's end or `kill` sends it
+    with pytest.raises(TrainingStopped, match=r"after step 4/\d+, its state saved .*--resume continues"):
+        train_drafter(examples, config, tmp_path / "c", base=str(tiny_llama_folder),
+                      progress=signalled_at_the_second_checkpoint)
+    stopped = train_drafter(examples, config, tmp_path / "c", base=str(tiny_llama_folder))
+    assert stopped.resumed_at == [4] and stopped.step_loss == whole.step_loss  # no step lost, none repeated
+    a, b, c = (load_file(str(tmp_path / run / ADAPTER_WEIGHTS)) for run in ("whole", "b", "c"))
+    assert a.keys() == b.keys() and all("lora_" in k for k in a)
+    assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
     folder = tmp_path / "b"
     assert not (folder / "model.safetensors").exists() and not partial_dir(folder).exists()
     card = json.loads((folder / CARD).read_text())
