@@ -18,8 +18,8 @@ Training (the paper's data-scaling points, its Table 9): Qwen2.5-Coder-0.5B-Inst
 first ``--examples`` kept rationales of both syntheses in a seeded order (drawn once the synthesis is done, 500 ⊂ 1,000 ⊂ all),
 a LoRA adapter of rank 8 on every linear layer, bf16 matmuls, each ARC question in 2 orders of
 its options, 2 epochs of batch 8 (the first drafter's recipe otherwise), checkpointed every 20
-steps under runs/full/drafter/qwen-0.5b-lora-<N>.partial; ``--minutes`` kills it at the deadline
-and the next call resumes from the last checkpoint. A step costs about 48 s on 2 threads of the
+steps under runs/full/drafter/qwen-0.5b-lora-<N>.partial; ``--minutes`` stops it at the deadline
+(SIGTERM: its state saved after the step in flight) and the next call resumes from there. A step costs about 48 s on 2 threads of the
 AVX-512 EPYC (~500 tokens an example): 500 rationales ≈ 1.7 hours, 2,000 ≈ 7 hours.
 """
 from __future__ import annotations
@@ -134,9 +134,13 @@ def train(n: int | None, minutes: float, threads: int, refresh: bool = False) ->
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         proc.wait(timeout=60 * minutes)
-    except subprocess.TimeoutExpired:  # the last checkpoint stays; the next call resumes from it
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    except subprocess.TimeoutExpired:  # SIGTERM: the state after the step in flight is saved
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:  # a kill: the last checkpoint stays
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         print(f"stopped after {minutes} minutes; run again to resume from {partial_dir(folder)}", flush=True)
     return folder
 
