@@ -145,8 +145,60 @@ def train(n: int | None, minutes: float, threads: int, refresh: bool = False) ->
     return folder
 
 
+def sittings(gap_s: float = 600) -> list[dict]:
+    """The synthesis' verdicts by sitting (a pause over ``gap_s`` between two verdicts starts a new
+    one): how many, over how long, at what rate (a stopped attempt writes no manifest)."""
+    # a shard's name holds the time it was written (transforms/sinks.py), which a checkout keeps
+    times = sorted(int(f.name.split("-")[2]) / 1e9 for f in SYNTHESIS.glob("results-*.parquet"))
+    out, start = [], 0
+    for i in range(1, len(times) + 1):
+        if i == len(times) or times[i] - times[i - 1] > gap_s:
+            span = times[i - 1] - times[start]
+            out.append({"verdicts": i - start, "hours": round(span / 3600, 2),
+                        "per_hour": round((i - start - 1) * 3600 / span) if span else None})
+            start = i
+    return out
+
+
+def sitting_text(rates: list[dict]) -> str:
+    return "; ".join(f"{x['verdicts']} verdicts in {x['hours']} h ({x['per_hour']}/h)" for x in rates) or "none"
+
+
+def report() -> None:
+    """benchmarks/results/speculative_rag_pays.md: the data and the drafter so far (the suites'
+    tables join it once they have run)."""
+    import pyarrow.parquet as pq
+    from workloads import machine_line, publish
+    first = json.loads((REPO / FIRST_SYNTHESIS / "synthesis.json").read_text())
+    now = status()
+    rates = [x for x in sittings() if x["per_hour"]]
+    per_hour = round(sum(x["verdicts"] for x in rates) / sum(x["hours"] for x in rates)) if rates else None
+    total = pq.read_metadata(QUESTIONS).num_rows
+    left = total - now["verdicts"]
+    lines = ["## Data", "",
+             "| synthesis | questions | verdicts | kept | by set | filtered | teacher |", "|---|---|---|---|---|---|---|",
+             f"| first (benchmarks/results/drafter/synthesis) | 600 | {first['questions']} | {first['kept']} | "
+             f"{', '.join(f'{k} {v}' for k, v in first['kept_by_dataset'].items())} | "
+             f"{', '.join(f'{k} {v}' for k, v in first['by_reason'].items() if k != 'kept')} | 1.5B, local backend, "
+             "float32 |",
+             f"| the rest (benchmarks/results/speculative_rag_pays/synthesis) | {total} | {now['verdicts']} | "
+             f"{now['kept']} | {', '.join(f'{k} {v}' for k, v in now['kept_by_dataset'].items())} | "
+             f"{', '.join(f'{k} {v}' for k, v in now['by_reason'].items() if k != 'kept')} | 1.5B, vLLM, bfloat16 |",
+             "",
+             f"Rate on vLLM (2 server threads, 16 questions in flight), by sitting: "
+             f"{sitting_text(rates)}"
+             f". At {per_hour or '?'} verdicts an hour the {left} questions left take "
+             f"{f'{left / per_hour:.1f}' if per_hour else '?'} hours; kept so far "
+             f"{first['kept'] + now['kept']} of the 2,000 the issue asks for."]
+    claim = ("specrag_minus_standard=na latency_ratio=na chosen_over_oracle=na sets_better=na "
+             f"rationales_kept={first['kept'] + now['kept']}")
+    publish(str(REPO / "benchmarks" / "results" / "speculative_rag_pays.md"),
+            "Speculative RAG with a drafter of the verifier's family", machine_line(2), "\n".join(lines), claim,
+            "python benchmarks/speculative_rag_pays.py report")
+
+
 def status() -> dict:
-    """Verdicts so far (kept, by reason, by set) and the rate of the attempts made here."""
+    """Verdicts so far (kept, by reason, by set) and the rate of each sitting."""
     import collections
 
     import pyarrow.parquet as pq
@@ -154,12 +206,8 @@ def status() -> dict:
             for r in pq.read_table(f, columns=["id", "dataset", "trace"]).to_pylist()]
     by_reason = collections.Counter(r["trace"]["reason"] for r in rows)
     kept = collections.Counter(r["dataset"] for r in rows if r["trace"]["kept"])
-    manifest = json.loads((SYNTHESIS / "manifest.json").read_text()) if (SYNTHESIS / "manifest.json").exists() else {}
-    wall = sum(a.get("wall_s", 0) for a in manifest.get("attempts", []))
-    answered = sum(a.get("counters", {}).get("answered", 0) for a in manifest.get("attempts", []))
     return {"verdicts": len(rows), "kept": sum(kept.values()), "kept_by_dataset": dict(sorted(kept.items())),
-            "by_reason": dict(sorted(by_reason.items())), "attempts_wall_s": round(wall),
-            "questions_per_hour": round(3600 * answered / wall, 1) if wall else None}
+            "by_reason": dict(sorted(by_reason.items())), "sittings": sittings()}
 
 
 def main() -> None:
@@ -170,6 +218,7 @@ def main() -> None:
     s.add_argument("--threads", type=int, default=1, help="the vLLM server's CPU threads")
     s.add_argument("--in-flight", type=int, default=16, help="questions in flight (one engine batch)")
     sub.add_parser("status", help="verdicts so far and the rate")
+    sub.add_parser("report", help="record benchmarks/results/speculative_rag_pays.md from what exists")
     t = sub.add_parser("train", help="train or resume the 0.5B drafter on --examples rationales")
     t.add_argument("--examples", default="all", help="500, 1000, ... or all (nested subsets)")
     t.add_argument("--minutes", type=float, default=60)
@@ -178,6 +227,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.step == "synthesize":
         synthesize(args.minutes, args.threads, args.in_flight)
+    elif args.step == "report":
+        report()
     elif args.step == "train":
         train(None if args.examples == "all" else int(args.examples), args.minutes, args.threads, args.refresh)
     else:
