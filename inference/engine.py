@@ -457,6 +457,16 @@ class QueryOutcome:
 StageOutcome = QueryOutcome  # the name of the one-stage API
 
 
+def close_engines() -> int:
+    """Close every engine of this process: what an interrupted job calls, because its DoFns are
+    never torn down and the interpreter's exit would otherwise wait for the pools to run every
+    model call still queued (minutes), work nobody keeps. Returns how many were open."""
+    live = [e for e in list(_LIVE) if not e.closed]
+    for engine in live:
+        engine.close()
+    return len(live)
+
+
 class Engine:
     """Runs queries' stage chains on one event-loop thread, micro-batching their calls."""
 
@@ -477,6 +487,7 @@ class Engine:
         self.cancelled_at_close = 0
         # an engine dropped without close() (a Shared handle released) still stops its thread
         self._finalizer = weakref.finalize(self, _stop_loop, self._loop, None, self._executors)
+        _LIVE.add(self)
 
     # -- services -------------------------------------------------------------------------
     def batcher(self, op: str, target: str, k: int | None = None, lane: str | None = None) -> MicroBatcher:
@@ -673,6 +684,7 @@ class Engine:
         return self._closed
 
 
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _STAGE = "stage:"
 SERVICE_TIMINGS = ("retrieval_s", "generation_s", "verification_s", "embedding_s")
 

@@ -518,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--verbose"]
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:  # Ctrl-C is said in one line below, not as the DoFn's traceback Beam logs
+        logging.getLogger("apache_beam.runners.common").addFilter(
+            lambda record: not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt)))
     args, extra = parser().parse_known_args(argv)
     foreign = foreign_flags("answer" if args.command == "compare" else args.command, extra)  # compare runs answer jobs
     if foreign:  # `extract-triplets --kinds`: another command's option, which the job would ignore
@@ -538,6 +541,16 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as e:  # everything was written; too many inputs failed (or some were lost)
         print(f"specrag {args.command}: failed: {e}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, RuntimeError) as e:
+        # Ctrl-C reaches a Beam job as a KeyboardInterrupt that Beam re-raises as a RuntimeError
+        # naming it; the run folder's transaction has already ended (lease released)
+        if not isinstance(e, KeyboardInterrupt) and not str(e).startswith("KeyboardInterrupt"):
+            raise
+        from specrag.inference.engine import close_engines
+        close_engines()  # else the exit waits for every queued model call
+        print(f"specrag {args.command}: interrupted; what was written stays (--resume continues the run)",
+              file=sys.stderr)
+        return 130
     except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"specrag {args.command}: error: {e}", file=sys.stderr)
         return 2

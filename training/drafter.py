@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 BASE_MODEL = "smollm2-135m-instruct"
 PROGRESS_EVERY = 10
 DEPARTURE = ("the paper tunes Mistral-7B on ~40k Open-Instruct and knowledge-intensive instances with up to 10 "
-             "Contriever documents and Gemini-Ultra rationales; here a small causal LM is fully fine-tuned on the "
+             "Contriever documents and Gemini-Ultra rationales; here a small causal LM is {how} on the "
              "synthesized rationales of our training split (BM25 top-10, the 2-document subset the drafter sees at run "
              "time), written by a local teacher model")
 
@@ -305,6 +305,12 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     return report
 
 
+def departure(config: DrafterTrainingConfig) -> str:
+    """How this drafter's recipe departs from the paper's."""
+    return DEPARTURE.format(how=f"tuned as a LoRA adapter of rank {config.lora_rank}" if config.lora_rank
+                            else "fully fine-tuned")
+
+
 def with_adapter(model, config: DrafterTrainingConfig):
     """``model`` frozen under a LoRA adapter on all its linear layers but the output head (seeded)."""
     import torch
@@ -340,7 +346,7 @@ def save_drafter(model, tokenizer, config: DrafterTrainingConfig, report: Drafte
     else:
         tokenizer.save_pretrained(out)
     manifest = {"training": asdict(config), "report": asdict(report), "base_model": model_identity(base),
-                "content_key": key, "departure": DEPARTURE,
+                "content_key": key, "departure": departure(config),
                 "objective": "LM cross-entropy on the response (answer, 'Rationale:' marker, rationale, end of turn) "
                              "given the Draft prompt in the chat template", **(provenance or {})}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
@@ -348,7 +354,7 @@ def save_drafter(model, tokenizer, config: DrafterTrainingConfig, report: Drafte
         "kind": "causal-lm", "family": "speculative-rag-drafter",
         "description": f"Speculative RAG drafter ({base} tuned on {report.examples} synthesized rationales"
                        f"{f', a LoRA adapter of rank {config.lora_rank}' if config.lora_rank else ''})",
-        "base_model": manifest["base_model"], "departure": DEPARTURE, "training_manifest": MANIFEST, **adapter},
+        "base_model": manifest["base_model"], "departure": departure(config), "training_manifest": MANIFEST, **adapter},
         indent=2, sort_keys=True))
 
 

@@ -557,3 +557,46 @@ def test_build_and_train_commands_refuse_earlier_output_and_fail_on_too_many_bad
                     ["train-denoiser", "--queries", "q.parquet", "--index", str(index)]):
         assert main([*command, "--output", str(model)]) == 2
         assert "already holds files (a model or its dead letters): pass --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigint_stops_a_batch_answer_in_seconds_with_one_line_and_resume_finishes_it(demo_tables, demo_index,
+                                                                                      tmp_path):
+    """Ctrl-C on a batch `specrag answer` (2026-12-07: Beam printed a 96-line traceback of a
+    'RuntimeError: KeyboardInterrupt', and the process then hung for minutes while the engine's
+    pools ran their queued model calls): it exits 130 within seconds with one line saying how to
+    continue, no traceback, the lease released; --resume answers every question."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    from specrag.jobio.run_folder import LEASE_FILE
+    rows = pq.read_table(demo_tables[0]).to_pylist()
+    many = [{**r, "id": f"{r['id']}-{i}"} for i in range(2) for r in rows]  # a minute of SmolLM2 on one thread
+    pq.write_table(pa.Table.from_pylist(many), tmp_path / "q.parquet")
+    out = tmp_path / "out"
+    args = ["answer", "--queries", str(tmp_path / "q.parquet"), "--index", str(demo_index), "--output", str(out),
+            "--method", "standard", "--threads", "1", "--shard_rows", "1"]
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "specrag"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300
+        while not list(out.glob("results-*.parquet")) and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        signalled = time.time()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+        waited = time.time() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = proc.stdout.read()
+    assert code == 130 and waited < 30, (code, waited, output[-3000:])
+    assert "Traceback" not in output, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("specrag answer: interrupted") and "--resume" in last, last
+    assert not (out / LEASE_FILE).exists()
+    assert main([*args, "--resume"]) == 0
+    assert sorted(r["id"] for r in _read(out, "results")) == sorted(r["id"] for r in many)
