@@ -79,12 +79,14 @@ def synthesize(minutes: float, threads: int, in_flight: int) -> None:
            "--backend", "vllm", "--dtype", "bfloat16", "--threads", str(threads), "--stage_timeout", "3600",
            "--shard_rows", "1", "--max_in_flight", str(in_flight), *resume]
     print(" ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    # SIGINT restored: a job started from a background shell inherits it ignored
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60 * minutes
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(5)
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)  # the stream's clean stop: finished verdicts stay, the lease is released
+        os.killpg(proc.pid, signal.SIGINT)  # a clean stop: finished verdicts stay, the lease is released
         try:
             proc.wait(timeout=300)
         except subprocess.TimeoutExpired:
@@ -131,7 +133,8 @@ def train(n: int | None, minutes: float, threads: int, refresh: bool = False) ->
            "--output", str(folder), "--base", DRAFTER_BASE, *TRAINING, "--threads", str(threads),
            *(["--resume"] if partial_dir(folder).is_dir() else [])]
     print(" ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     try:
         proc.wait(timeout=60 * minutes)
     except subprocess.TimeoutExpired:  # SIGTERM: the state after the step in flight is saved
