@@ -133,8 +133,7 @@ def train(n: int | None, minutes: float, threads: int, refresh: bool = False) ->
            "--output", str(folder), "--base", DRAFTER_BASE, *TRAINING, "--threads", str(threads),
            *(["--resume"] if partial_dir(folder).is_dir() else [])]
     print(" ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         proc.wait(timeout=60 * minutes)
     except subprocess.TimeoutExpired:  # SIGTERM: the state after the step in flight is saved
