@@ -153,7 +153,8 @@ def cmd_train_drafter(args, extra) -> int:
                                    max_tokens=args.max_tokens, held_out=args.held_out,
                                    checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads,
                                    lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
-                                   option_orders=args.option_orders, compute_dtype=args.compute_dtype)
+                                   option_orders=args.option_orders, compute_dtype=args.compute_dtype,
+                                   micro_batch=args.micro_batch)
     try:
         report = run_train_drafter(args.rationales, args.output, config, base=args.base, overwrite=args.overwrite,
                                    resume=args.resume, max_failure_fraction=args.max_failure_fraction,
@@ -396,6 +397,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--option-orders", type=int, default=0,
                    help="teach each multiple-choice example in this many orders of its options, the gold option "
                         "at a different letter in each, so the drafter learns the choice, not a letter (0: as given)")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="examples per forward pass, gradients accumulated to --batch-size (0: the whole batch): "
+                        "the same step in less memory")
     p.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the matmuls' dtype while training (weights and optimizer stay float32): bfloat16 is faster "
                         "on processors with AVX512-BF16 or AMX, slower elsewhere")

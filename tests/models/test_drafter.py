@@ -225,6 +225,10 @@ def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(dem
                       progress=signalled_at_the_second_checkpoint)
     stopped = train_drafter(examples, config, tmp_path / "c", base=str(tiny_llama_folder))
     assert stopped.resumed_at == [4] and stopped.step_loss == whole.step_loss  # no step lost, none repeated
+    from dataclasses import replace
+    accumulated = train_drafter(examples, replace(config, micro_batch=1), tmp_path / "micro",
+                                base=str(tiny_llama_folder))  # one example a pass, the same steps
+    assert accumulated.step_loss == pytest.approx(whole.step_loss, rel=1e-3)
     a, b, c = (load_file(str(tmp_path / run / ADAPTER_WEIGHTS)) for run in ("whole", "b", "c"))
     assert a.keys() == b.keys() and all("lora_" in k for k in a)
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
