@@ -3,7 +3,8 @@
     python benchmarks/drafter_step_cost.py --base qwen2.5-coder-0.5b-instruct --steps 3 --threads 2
 
 The same batches of real rationales (the first synthesis' kept rows, benchmarks/results/drafter/
-synthesis) through `training/drafter.py`'s own loss, one optimizer step each: full fine-tuning in
+synthesis) through `training/drafter.py`'s own loss (forward passes of 2, gradients accumulated to the step
+of 8, as `--micro-batch 2`), one optimizer step each: full fine-tuning in
 float32, a LoRA adapter of rank 8 in float32, and the adapter with bf16 matmuls. Every variant
 sees the same batches in the same order, in one run, so their ratio holds on this machine. Records
 benchmarks/results/drafter_step_cost.md: the median seconds a step (the first step, which pays
@@ -28,8 +29,10 @@ from drafter import SYNTHESIS  # noqa: E402
 from workloads import REPO, machine_line, markdown_table, publish  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "drafter_step_cost.md"
-VARIANTS = {"full fine-tuning, float32": {}, "LoRA r=8, float32": {"lora_rank": 8},
-            "LoRA r=8, bf16 matmuls": {"lora_rank": 8, "compute_dtype": "bfloat16"}}
+# each step of 8 in forward passes of 2 (--micro-batch): whole, a long batch's activations took
+# 18 GB with bf16 matmuls and the float32 variants were killed for memory on 23 GB
+VARIANTS = {"full fine-tuning, float32": {"micro_batch": 2}, "LoRA r=8, float32": {"lora_rank": 8, "micro_batch": 2},
+            "LoRA r=8, bf16 matmuls": {"lora_rank": 8, "compute_dtype": "bfloat16", "micro_batch": 2}}
 
 
 def one_variant(base: str, settings: dict, steps: int, batch: int, threads: int) -> dict:
@@ -39,7 +42,7 @@ def one_variant(base: str, settings: dict, steps: int, batch: int, threads: int)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from specrag.inference.models import materialise
     from specrag.pipelines.drafter import validate_rationale
-    from specrag.training.drafter import DrafterTrainingConfig, encode, response_loss, with_adapter
+    from specrag.training.drafter import DrafterTrainingConfig, accumulated_loss, encode, with_adapter
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     config = DrafterTrainingConfig(**settings)
@@ -60,10 +63,8 @@ def one_variant(base: str, settings: dict, steps: int, batch: int, threads: int)
     for s in range(steps):
         chunk = encoded[s * batch:(s + 1) * batch]
         started = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.compute_dtype == "bfloat16"):
-            loss = response_loss(model, chunk, pad)
         optimizer.zero_grad()
-        loss.backward()
+        loss = accumulated_loss(model, chunk, pad, config)
         optimizer.step()
         seconds.append(round(time.perf_counter() - started, 2))
         losses.append(round(float(loss.detach()), 4))
