@@ -56,9 +56,8 @@ class DrafterTrainingConfig:
     lora_rank: int = 0  # 0: full fine-tuning; else the rank of a LoRA adapter on every linear layer
     lora_alpha: int = 16  # the adapter's scale is lora_alpha / lora_rank
     option_orders: int = 0  # multiple-choice examples taught in this many orders of their options (0: as given)
-    # the matmuls' dtype (autocast); the weights and the optimizer stay float32. bfloat16: a 0.5B
-    # LoRA step 1.4x faster on AVX512-BF16 (benchmarks/results/speculative_rag_pays.md), emulated
-    # and slower on processors without it
+    # the matmuls' dtype (autocast); the weights and the optimizer stay float32. bfloat16 is faster
+    # on AVX512-BF16 or AMX (benchmarks/results/drafter_step_cost.md), emulated and slower without
     compute_dtype: str = "float32"
     micro_batch: int = 0  # examples a forward pass holds; gradients accumulate to batch_size (0: all)
 
