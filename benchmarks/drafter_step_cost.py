@@ -95,7 +95,7 @@ def main() -> None:
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         tokens = r["tokens"]
-        step = statistics.median(r["seconds"][1:] or r["seconds"])
+        step = round(statistics.median(r["seconds"][1:] or r["seconds"]), 1)
         measured[name] = step
         rows.append({"variant": name, "trained parameters": f"{r['trained_parameters']:,}",
                      "s/step (median)": f"{step:.1f}", "steps (s)": ", ".join(map(str, r["seconds"])),
