@@ -19,8 +19,9 @@ first ``--examples`` kept rationales of both syntheses in a seeded order (drawn 
 a LoRA adapter of rank 8 on every linear layer, bf16 matmuls, each ARC question in 2 orders of
 its options, 2 epochs of batch 8 (the first drafter's recipe otherwise), checkpointed every 20
 steps under runs/full/drafter/qwen-0.5b-lora-<N>.partial; ``--minutes`` stops it at the deadline
-(SIGTERM: its state saved after the step in flight) and the next call resumes from there. A step costs about 48 s on 2 threads of the
-AVX-512 EPYC (~500 tokens an example): 500 rationales ≈ 1.7 hours, 2,000 ≈ 7 hours.
+(SIGTERM: its state saved after the step in flight) and the next call resumes from there. A step costs 27.8 s on 2 threads of the AVX-512
+EPYC in forward passes of 2 (benchmarks/results/drafter_step_cost.md): 500 rationales ≈ 1 hour,
+2,400 ≈ 4.6 hours, held-out checks on top.
 """
 from __future__ import annotations
 
