@@ -1,0 +1,242 @@
+"""Speculative RAG with a drafter of the verifier's family (#79): the data, the drafter, the suite.
+
+    python benchmarks/speculative_rag_pays.py synthesize --minutes 120   # resumable; stops itself
+    python benchmarks/speculative_rag_pays.py status                     # kept so far, the rate
+    python benchmarks/speculative_rag_pays.py train --examples 500 --minutes 120   # resumable too
+
+Synthesis: the drafter_train questions that the first tuned drafter's synthesis
+(benchmarks/results/drafter/synthesis: the first 150 of each training set, local backend, 454
+kept) did not read — 2,982 of 3,582 — written by the same 1.5B teacher, recipe and filters on
+``--backend vllm`` (bfloat16), into benchmarks/results/speculative_rag_pays/synthesis. Both runs
+together are the training data: `specrag train-drafter --rationales` takes a glob. The questions
+are interleaved across the four sets (NQ, HotpotQA, PubHealth, ARC-Challenge), so a run stopped at
+any point has taught every task type in proportion. Every verdict is committed as it comes
+(``--shard_rows 1``); ``--minutes`` ends the job by itself so that a session's end never kills it
+mid-write, and the next call resumes where it stopped.
+
+Training (the paper's data-scaling points, its Table 9): Qwen2.5-Coder-0.5B-Instruct tuned on the
+first ``--examples`` kept rationales of both syntheses in a seeded order (drawn once the synthesis is done, 500 ⊂ 1,000 ⊂ all),
+a LoRA adapter of rank 8 on every linear layer, bf16 matmuls, each ARC question in 2 orders of
+its options, 2 epochs of batch 8 (the first drafter's recipe otherwise), checkpointed every 20
+steps under runs/full/drafter/qwen-0.5b-lora-<N>.partial; ``--minutes`` stops it at the deadline
+(SIGTERM: its state saved after the step in flight) and the next call resumes from there. A step costs 27.8 s on 2 threads of the AVX-512
+EPYC in forward passes of 2 (benchmarks/results/drafter_step_cost.md): 500 rationales ≈ 1 hour,
+2,400 ≈ 4.6 hours, held-out checks on top.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from drafter import SYNTHESIS as FIRST_SYNTHESIS, TEACHER, TRAIN_SETS  # noqa: E402
+from workloads import REPO, imported_data, pooled_index  # noqa: E402
+
+WORK = Path("runs/full")
+OUT = REPO / "benchmarks" / "results" / "speculative_rag_pays"
+SYNTHESIS = OUT / "synthesis"
+QUESTIONS = WORK / "drafter" / "train-rest.parquet"
+
+
+def rest_questions(data: Path, out: Path = QUESTIONS) -> Path:
+    """The drafter_train questions the first synthesis did not read, round-robin over the sets
+    (file order within each), so any prefix holds all four task types in proportion."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.evaluation.splits import load_split
+    if out.exists():
+        return out
+    train = set(load_split("drafter_train"))
+    done = {r["id"] for f in (REPO / FIRST_SYNTHESIS).glob("results-*.parquet")
+            for r in pq.read_table(f, columns=["id"]).to_pylist()}
+    per_set = [[q for q in pq.read_table(data / d / "queries.parquet").to_pylist()
+                if q["id"] in train and q["id"] not in done] for d in TRAIN_SETS]
+    # a longer set's tail follows once the shorter ones end: the share of each set stays its share
+    # of what is left, as evenly spread as the counts allow
+    total = sum(map(len, per_set))
+    keyed = [((i + 0.5) / len(rows), s, i) for s, rows in enumerate(per_set) for i in range(len(rows))]
+    rows = [per_set[s][i] for _, s, i in sorted(keyed)]
+    assert len(rows) == total and not any(r["id"] in done for r in rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out
+
+
+def synthesize(minutes: float, threads: int, in_flight: int) -> None:
+    """Run (or resume) the synthesis for at most ``minutes``, then stop it cleanly."""
+    data = imported_data(WORK, str(REPO.parent / "shared" / "data"))
+    index = pooled_index(WORK, data)
+    queries = rest_questions(data)
+    resume = ["--resume"] if (SYNTHESIS / "identity.json").exists() else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "specrag.pipelines.cli", "synthesize-rationales", "--queries", str(queries),
+           "--index", str(index), "--output", str(SYNTHESIS), "--model", f"teacher={TEACHER}",
+           "--backend", "vllm", "--dtype", "bfloat16", "--threads", str(threads), "--stage_timeout", "3600",
+           "--shard_rows", "1", "--max_in_flight", str(in_flight), *resume]
+    print(" ".join(cmd), flush=True)
+    # SIGINT restored: a job started from a background shell inherits it ignored
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 60 * minutes
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(5)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)  # a clean stop: finished verdicts stay, the lease is released
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print(json.dumps(status()), flush=True)
+
+
+DRAFTER_BASE = "qwen2.5-coder-0.5b-instruct"
+TRAINING = ("--lora-rank", "8", "--lora-alpha", "16", "--compute-dtype", "bfloat16", "--option-orders", "2",
+            "--epochs", "2", "--batch-size", "8", "--micro-batch", "2", "--learning-rate", "2e-4", "--held-out", "0.03",
+            "--checkpoint-every", "20")
+
+
+def rationale_subset(n: int | None, refresh: bool = False) -> Path:
+    """The first ``n`` kept rationales of both syntheses (all: None) in a seeded order, as one table
+    (``refresh``: the synthesis' own table rebuilt from its verdicts so far first)."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from specrag.pipelines.drafter import RATIONALES, RATIONALES_FILE, write_rationales
+    data = imported_data(WORK, str(REPO.parent / "shared" / "data"))
+    index = pooled_index(WORK, data)
+    if refresh or not (SYNTHESIS / RATIONALES_FILE).exists():
+        write_rationales(str(SYNTHESIS), str(rest_questions(data)), str(index))
+    rows = [r for d in (REPO / FIRST_SYNTHESIS, SYNTHESIS) for r in pq.read_table(d / RATIONALES_FILE).to_pylist()]
+    rows.sort(key=lambda r: hashlib.sha256(f"0:{r['id']}".encode()).hexdigest())
+    if n is not None and n > len(rows):
+        raise SystemExit(f"{n} rationales asked for, {len(rows)} kept so far: synthesize more first")
+    out = WORK / "drafter" / f"qwen-rationales-{n or 'all'}.parquet"
+    if not out.exists():
+        pq.write_table(pa.Table.from_pylist(rows[:n], schema=RATIONALES), out)
+    return out
+
+
+def train(n: int | None, minutes: float, threads: int, refresh: bool = False) -> Path:
+    """Train (or resume) the 0.5B drafter on ``n`` rationales for at most ``minutes``."""
+    from specrag.training.state import partial_dir
+    rationales = rationale_subset(n, refresh)
+    folder = WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}"
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "specrag.pipelines.cli", "train-drafter", "--rationales", str(rationales),
+           "--output", str(folder), "--base", DRAFTER_BASE, *TRAINING, "--threads", str(threads),
+           *(["--resume"] if partial_dir(folder).is_dir() else [])]
+    print(" ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        proc.wait(timeout=60 * minutes)
+    except subprocess.TimeoutExpired:  # SIGTERM: the state after the step in flight is saved
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:  # a kill: the last checkpoint stays
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        print(f"stopped after {minutes} minutes; run again to resume from {partial_dir(folder)}", flush=True)
+    return folder
+
+
+def sittings(gap_s: float = 600) -> list[dict]:
+    """The synthesis' verdicts by sitting (a pause over ``gap_s`` between two verdicts starts a new
+    one): how many, over how long, at what rate (a stopped attempt writes no manifest)."""
+    # a shard's name holds the time it was written (transforms/sinks.py), which a checkout keeps
+    times = sorted(int(f.name.split("-")[2]) / 1e9 for f in SYNTHESIS.glob("results-*.parquet"))
+    out, start = [], 0
+    for i in range(1, len(times) + 1):
+        if i == len(times) or times[i] - times[i - 1] > gap_s:
+            span = times[i - 1] - times[start]
+            out.append({"verdicts": i - start, "hours": round(span / 3600, 2),
+                        "per_hour": round((i - start - 1) * 3600 / span) if span else None})
+            start = i
+    return out
+
+
+def sitting_text(rates: list[dict]) -> str:
+    return "; ".join(f"{x['verdicts']} verdicts in {x['hours']} h ({x['per_hour']}/h)" for x in rates) or "none"
+
+
+def report() -> None:
+    """benchmarks/results/speculative_rag_pays.md: the data and the drafter so far (the suites'
+    tables join it once they have run)."""
+    import pyarrow.parquet as pq
+    from workloads import machine_line, publish
+    first = json.loads((REPO / FIRST_SYNTHESIS / "synthesis.json").read_text())
+    now = status()
+    rates = [x for x in sittings() if x["per_hour"]]
+    per_hour = round(sum(x["verdicts"] for x in rates) / sum(x["hours"] for x in rates)) if rates else None
+    total = pq.read_metadata(QUESTIONS).num_rows
+    left = total - now["verdicts"]
+    lines = ["## Data", "",
+             "| synthesis | questions | verdicts | kept | by set | filtered | teacher |", "|---|---|---|---|---|---|---|",
+             f"| first (benchmarks/results/drafter/synthesis) | 600 | {first['questions']} | {first['kept']} | "
+             f"{', '.join(f'{k} {v}' for k, v in first['kept_by_dataset'].items())} | "
+             f"{', '.join(f'{k} {v}' for k, v in first['by_reason'].items() if k != 'kept')} | 1.5B, local backend, "
+             "float32 |",
+             f"| the rest (benchmarks/results/speculative_rag_pays/synthesis) | {total} | {now['verdicts']} | "
+             f"{now['kept']} | {', '.join(f'{k} {v}' for k, v in now['kept_by_dataset'].items())} | "
+             f"{', '.join(f'{k} {v}' for k, v in now['by_reason'].items() if k != 'kept')} | 1.5B, vLLM, bfloat16 |",
+             "",
+             f"Rate on vLLM (2 server threads, 16 questions in flight), by sitting: "
+             f"{sitting_text(rates)}"
+             f". At {per_hour or '?'} verdicts an hour the {left} questions left take "
+             f"{f'{left / per_hour:.1f}' if per_hour else '?'} hours; kept so far "
+             f"{first['kept'] + now['kept']} of the 2,000 the issue asks for."]
+    claim = ("specrag_minus_standard=na latency_ratio=na chosen_over_oracle=na sets_better=na "
+             f"rationales_kept={first['kept'] + now['kept']}")
+    publish(str(REPO / "benchmarks" / "results" / "speculative_rag_pays.md"),
+            "Speculative RAG with a drafter of the verifier's family", machine_line(2), "\n".join(lines), claim,
+            "python benchmarks/speculative_rag_pays.py report")
+
+
+def status() -> dict:
+    """Verdicts so far (kept, by reason, by set) and the rate of each sitting."""
+    import collections
+
+    import pyarrow.parquet as pq
+    rows = [r for f in sorted(SYNTHESIS.glob("results-*.parquet"))
+            for r in pq.read_table(f, columns=["id", "dataset", "trace"]).to_pylist()]
+    by_reason = collections.Counter(r["trace"]["reason"] for r in rows)
+    kept = collections.Counter(r["dataset"] for r in rows if r["trace"]["kept"])
+    return {"verdicts": len(rows), "kept": sum(kept.values()), "kept_by_dataset": dict(sorted(kept.items())),
+            "by_reason": dict(sorted(by_reason.items())), "sittings": sittings()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="step", required=True)
+    s = sub.add_parser("synthesize", help="run or resume the synthesis for at most --minutes")
+    s.add_argument("--minutes", type=float, default=60)
+    s.add_argument("--threads", type=int, default=1, help="the vLLM server's CPU threads")
+    s.add_argument("--in-flight", type=int, default=16, help="questions in flight (one engine batch)")
+    sub.add_parser("status", help="verdicts so far and the rate")
+    sub.add_parser("report", help="record benchmarks/results/speculative_rag_pays.md from what exists")
+    t = sub.add_parser("train", help="train or resume the 0.5B drafter on --examples rationales")
+    t.add_argument("--examples", default="all", help="500, 1000, ... or all (nested subsets)")
+    t.add_argument("--minutes", type=float, default=60)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--refresh", action="store_true", help="rebuild the synthesis' rationale table first")
+    args = ap.parse_args()
+    if args.step == "synthesize":
+        synthesize(args.minutes, args.threads, args.in_flight)
+    elif args.step == "report":
+        report()
+    elif args.step == "train":
+        train(None if args.examples == "all" else int(args.examples), args.minutes, args.threads, args.refresh)
+    else:
+        print(json.dumps(status(), indent=2))
+
+
+if __name__ == "__main__":
+    main()
