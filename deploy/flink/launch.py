@@ -340,8 +340,7 @@ class Cluster:
                 raise RuntimeError(f"Flink's {name} exited ({proc.returncode}); see {self.folder}/log/{name}.log")
 
     def overview(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.rest_port}/overview", timeout=5) as r:
-            return json.load(r)
+        return self._rest("/overview")
 
     def wait_for(self, taskmanagers: int, timeout: float = 120) -> dict:
         """Wait until ``taskmanagers`` of the TaskManagers running now are registered with the
@@ -360,14 +359,31 @@ class Cluster:
             time.sleep(0.5)
 
     def _registered(self) -> int:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.rest_port}/taskmanagers", timeout=5) as r:
-            found = {tm["id"]: tm["path"] for tm in json.load(r)["taskmanagers"]}
+        found = {tm["id"]: tm["path"] for tm in self._rest("/taskmanagers")["taskmanagers"]}
         return sum(name in found and f":{port}/" in found[name] for name, port in self._tm_ports.items()
                    if name in self.processes and self.processes[name].poll() is None)
 
     def kill(self, name: str) -> None:
         """SIGKILL one process of the cluster (a TaskManager, say): no clean-up of its own."""
         kill(self.processes, name)
+
+    def busy_taskmanagers(self) -> list[str]:
+        """The TaskManagers (by name) running a subtask of a running job now. A kill meant to fail
+        a job must hit one of these: a batch job's keys split unevenly, so one TaskManager may
+        have finished its share while the other still writes."""
+        busy: set[str] = set()
+        for job in self._rest("/jobs")["jobs"]:
+            if job["status"] != "RUNNING":
+                continue
+            for vertex in self._rest(f"/jobs/{job['id']}")["vertices"]:
+                if vertex["status"] == "RUNNING":
+                    found = self._rest(f"/jobs/{job['id']}/vertices/{vertex['id']}/taskmanagers")["taskmanagers"]
+                    busy.update(tm["taskmanager-id"] for tm in found if tm["status"] == "RUNNING")
+        return sorted(busy & set(self.processes))
+
+    def _rest(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.rest_port}{path}", timeout=5) as r:
+            return json.load(r)
 
     def stop(self) -> None:
         stop_all(self.processes)

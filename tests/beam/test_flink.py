@@ -45,6 +45,31 @@ def flink(tmp_path_factory):
     cluster.stop()
 
 
+@pytest.fixture(autouse=True)
+def _every_taskmanager_back(request):
+    """A test that kills a TaskManager and fails before restarting it leaves the next test the
+    cluster it started with (not one slot short: NoResourceAvailableException)."""
+    yield
+    if "flink" in request.fixturenames:
+        cluster = request.getfixturevalue("flink")
+        names = [f"taskmanager-{i}" for i in range(1, cluster.taskmanagers + 1)]
+        missing = [name for name in names if name not in cluster.processes]
+        for name in missing:
+            cluster.start_taskmanager(name)
+        if missing:
+            cluster.wait_for(cluster.taskmanagers)
+
+
+def kill_a_busy_taskmanager(cluster) -> str:
+    """SIGKILL a TaskManager that runs a subtask of the job now (so the job fails), by name."""
+    deadline = time.time() + 60
+    while not (busy := cluster.busy_taskmanagers()):
+        assert time.time() < deadline, "no TaskManager ran a subtask of a running job for 60 s"
+        time.sleep(0.2)
+    cluster.kill(busy[0])
+    return busy[0]
+
+
 def _queries(table: Path, n: int, folder: Path) -> Path:
     """The first n rows in row groups of 4 (several bundles and micro-batches)."""
     path = folder / "queries.parquet"
@@ -227,13 +252,13 @@ def test_the_deployment_guides_command_survives_a_killed_taskmanager_and_resumes
         assert job.poll() is None, f"the job ended before a TaskManager could be killed: {job.stderr.read()[-2000:]}"
         assert time.time() < deadline
         time.sleep(0.2)
-    flink.kill("taskmanager-1")
+    killed = kill_a_busy_taskmanager(flink)
     try:
         assert job.wait(timeout=300) != 0  # the job failed with its TaskManager
     finally:
         job.kill()
     assert not (out / "manifest.json").exists()  # written when a run finishes
-    flink.start_taskmanager("taskmanager-1")
+    flink.start_taskmanager(killed)
     flink.wait_for(2)
     done = subprocess.run(["bash", "-c", command.format(resume="--resume ")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -272,7 +297,7 @@ def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_r
         (incoming / "broken.parquet").write_bytes(b"PAR1 this is not a Parquet file")
         wait_for(lambda: len(stream_rows(out, "dead_letters")) == 2, job, "the dead letters, while the job runs")
         wait_for(lambda: len(stream_rows(out, "results")) == 4, job, "the JSON file's good row")
-        flink.kill("taskmanager-1")
+        killed = kill_a_busy_taskmanager(flink)
         assert job.wait(timeout=300) != 0  # the job fails with its TaskManager
     finally:
         job.kill()
@@ -280,7 +305,7 @@ def test_a_watched_folder_on_flink_answers_each_query_once_across_a_kill_and_a_r
     assert failed["status"] == "failed" and failed["error"] and not (out / LEASE_FILE).exists()
     assert sorted(d["stage"] for d in stream_rows(out, "dead_letters")) == ["read", "read"]
 
-    flink.start_taskmanager("taskmanager-1")
+    flink.start_taskmanager(killed)
     flink.wait_for(2)
     pq.write_table(pa.Table.from_pylist(rows[4:] + rows[:1]), incoming / "late.parquet")  # rows[0] again: skipped
     job = subprocess.Popen([*answer, "--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -314,7 +339,7 @@ def test_a_kafka_stream_on_flink_answers_each_query_once_across_a_kill_and_a_res
     try:
         wait_for(lambda: len(stream_rows(out, "results")) == 3, job, "the first messages' results", timeout=300)
         wait_for(lambda: len(stream_rows(out, "dead_letters")) == 1, job, "the dead letter, while the job runs")
-        flink.kill("taskmanager-1")
+        killed = kill_a_busy_taskmanager(flink)
         assert job.wait(timeout=300) != 0  # the job fails with its TaskManager
     finally:
         job.kill()
@@ -322,7 +347,7 @@ def test_a_kafka_stream_on_flink_answers_each_query_once_across_a_kill_and_a_res
     assert failed["status"] == "failed" and any(a.startswith("--shutdown_sources_after_idle_ms=") for a in failed["beam_args"])
     assert not (out / LEASE_FILE).exists()
 
-    flink.start_taskmanager("taskmanager-1")
+    flink.start_taskmanager(killed)
     flink.wait_for(2)
     send(*(json.dumps(r).encode() for r in rows[3:] + rows[:1]))  # rows[0] again: skipped
     job = subprocess.Popen([*answer, "--resume"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
