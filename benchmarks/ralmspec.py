@@ -98,10 +98,25 @@ def open_generator(backend: str, args):
                                              prefix_cache_mb=args.prefix_cache_mb))
     from specrag.inference.vllm import VllmBackend, VllmConfig
     from specrag.inference.types import GenerateRequest
-    generator = VllmBackend("smollm2-135m-instruct", VllmConfig(kv_cache_gb=1, step_cache=backend == "vllm-step-cache"),
+    generator = VllmBackend("smollm2-135m-instruct", VllmConfig(kv_cache_gb=1, step_cache=backend == "vllm-step-cache",
+                                                              block_size=args.vllm_block_size),
                             dtype=args.dtype, threads=args.threads)
     generator.generate([GenerateRequest("Warm up.", max_new_tokens=4)])  # the server's start, not a request's
     return generator
+
+
+def prefix_hits(states) -> dict:
+    """The engine's prefix-cache hit rate over the requests' generation steps (cached prompt tokens
+    over prompt tokens), apart for the steps that keep the step before's document and those with a
+    new one: what a step recomputes when its document changes. None where the engine does not say."""
+    steps = [r for s in states for r in getattr(s.trace.method, "step_reuse", [])]
+    out = {}
+    for key, new in (("hit_same_doc", False), ("hit_new_doc", True)):
+        mine = [r for r in steps if r.new_document == new]
+        known = mine and all(r.cached_tokens is not None for r in mine)
+        out[key] = sum(r.cached_tokens for r in mine) / max(1, sum(r.prompt_tokens for r in mine)) if known else None
+    out["new_doc_steps"] = sum(r.new_document for r in steps)
+    return out
 
 
 def serve(services, method, queries: list[dict], label: str, cache: Path | None = None) -> tuple[list[float], list]:
@@ -187,6 +202,8 @@ def main() -> int:
                     help="serve RaLMSeq again after the variants (the server warm, caches as the variants left "
                          "them): speed-ups are over the mean of both RaLMSeq runs, the table shows each")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--vllm-block-size", type=int, default=None,
+                    help="tokens per KV block of the vLLM servers (default: vLLM's, 128 on a CPU)")
     ap.add_argument("--prefix-cache-mb", type=int, default=0,
                     help="prefix KV reuse of the generator (0: off); emptied before each variant")
     ap.add_argument("--retrievers", default="edr,adr,sr",
@@ -286,7 +303,8 @@ def main() -> int:
     for backend in backends:
         generator = open_generator(backend, args)
         # vLLM's own prefix cache holds what vLLM holds; a RaLM step skips it (a batch-invariant row)
-        model_key = f"{args.dtype}-pc{args.prefix_cache_mb}" + ("" if backend == "local" else f"-{backend}")
+        model_key = f"{args.dtype}-pc{args.prefix_cache_mb}" + ("" if backend == "local" else f"-{backend}") + (
+            f"-b{args.vllm_block_size}" if args.vllm_block_size and backend != "local" else "")
         for kind, retriever in retrievers.items():
             t = time.perf_counter()  # one exact search should cost about one generation step
             retriever.search([queries[0]["question"]], 20)
@@ -317,7 +335,7 @@ def main() -> int:
                              "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
                              "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
                              "pad_docs": sum(d.startswith(("~pad-", "distractor-")) for s in states for d in s.trace.method.step_docs),
-                             "identical": f"{same}/{len(baseline)}", "single_search_s": search_s})
+                             "identical": f"{same}/{len(baseline)}", "single_search_s": search_s, **prefix_hits(states)})
                 print(f"  {backend} {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr,
                       flush=True)
             seqs = [r for r in rows if r["retriever"] == kind and r["backend"] == backend
@@ -334,7 +352,7 @@ def main() -> int:
     knn_rows = knnlm_rows(args, work, data, queries) if args.knnlm_k else []
     cols = ["retriever", "backend", "passages", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup",
             "retrieval_share", "ceiling", "share_of_gain", "index_searches", "speculation_steps", "accepted",
-            "rollbacks", "pad_docs", "identical", "single_search_s"]
+            "rollbacks", "pad_docs", "identical", "single_search_s", "hit_same_doc", "hit_new_doc", "new_doc_steps"]
     # the claim line's backend (the best of vLLM's): the table has every one
     claimed = next((b for b in ("vllm-step-cache", "vllm") if b in backends), backends[0])
 
@@ -358,6 +376,9 @@ def main() -> int:
                  f"EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + random unit padding), ADR = HNSW "
                  f"and SR = bm25s over the pooled corpus (14,947 passages)") + "; pad_docs: accepted steps whose "
              "document was padding or a distractor")
+    setup += ("; hit_same_doc / hit_new_doc: the engine's prefix-cache hits (cached prompt tokens over prompt "
+              "tokens) on steps that keep the step before's document / take a new one (blank: the engine does not "
+              "say), vLLM's KV blocks " + (f"{args.vllm_block_size} tokens" if args.vllm_block_size else "its default"))
     if "cheap" in retrievers:
         setup += "; cheap = bm25s over the pooled corpus alone"
     if args.knnlm_k:
