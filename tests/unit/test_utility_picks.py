@@ -3,28 +3,20 @@ top m, top 5 and top 1 and a random m, each passage by the reader's view of it (
 against the gold answers, with the predictor's rank agreement with the retriever's order."""
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import load_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def up():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("utility_picks", BENCHMARKS / "utility_picks.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_script(BENCHMARKS / "utility_picks.py", "utility_picks")
 
 
 def test_a_random_pick_holds_the_answer_at_its_hypergeometric_chance(up):
