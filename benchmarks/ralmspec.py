@@ -98,8 +98,9 @@ def open_generator(backend: str, args):
                                              prefix_cache_mb=args.prefix_cache_mb))
     from specrag.inference.vllm import VllmBackend, VllmConfig
     from specrag.inference.types import GenerateRequest
-    generator = VllmBackend("smollm2-135m-instruct", VllmConfig(kv_cache_gb=1, step_cache=backend == "vllm-step-cache",
-                                                              block_size=args.vllm_block_size),
+    kind, _, block = backend.partition(":")
+    generator = VllmBackend("smollm2-135m-instruct", VllmConfig(kv_cache_gb=1, step_cache=kind == "vllm-step-cache",
+                                                              block_size=int(block) if block else None),
                             dtype=args.dtype, threads=args.threads)
     generator.generate([GenerateRequest("Warm up.", max_new_tokens=4)])  # the server's start, not a request's
     return generator
@@ -197,13 +198,13 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--backends", default="local",
                     help="comma-separated, in one sitting: local (the embedded engine), vllm (`make install-vllm`), "
-                         "vllm-step-cache (vLLM, a RaLM step reusing its prompt's cached blocks: --vllm-step-cache)")
+                         "vllm-step-cache (vLLM, a RaLM step reusing its prompt's cached blocks: --vllm-step-cache); "
+                         "a vLLM one as NAME:BLOCK for KV blocks of BLOCK tokens (--vllm-block-size; default vLLM's, "
+                         "128 on a CPU). The claim line speaks for the last vLLM one with the step cache (else vllm's)")
     ap.add_argument("--baseline-again", action="store_true",
                     help="serve RaLMSeq again after the variants (the server warm, caches as the variants left "
                          "them): speed-ups are over the mean of both RaLMSeq runs, the table shows each")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--vllm-block-size", type=int, default=None,
-                    help="tokens per KV block of the vLLM servers (default: vLLM's, 128 on a CPU)")
     ap.add_argument("--prefix-cache-mb", type=int, default=0,
                     help="prefix KV reuse of the generator (0: off); emptied before each variant")
     ap.add_argument("--retrievers", default="edr,adr,sr",
@@ -284,8 +285,9 @@ def main() -> int:
     queries = [validate_query(r) for r in
                pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
     backends = args.backends.split(",")
-    if set(backends) - {"local", "vllm", "vllm-step-cache"} or not backends:
-        raise SystemExit("--backends: some of local, vllm, vllm-step-cache")
+    if {b.partition(":")[0] for b in backends} - {"local", "vllm", "vllm-step-cache"} or "local:" in args.backends \
+            or not all(b.partition(":")[2].isdigit() for b in backends if ":" in b):
+        raise SystemExit("--backends: some of local, vllm[:BLOCK], vllm-step-cache[:BLOCK]")
     settings = dict(stride=args.stride, max_new_tokens=args.max_new_tokens, doc_max_tokens=args.doc_tokens)
 
     cost_rows = []
@@ -303,8 +305,8 @@ def main() -> int:
     for backend in backends:
         generator = open_generator(backend, args)
         # vLLM's own prefix cache holds what vLLM holds; a RaLM step skips it (a batch-invariant row)
-        model_key = f"{args.dtype}-pc{args.prefix_cache_mb}" + ("" if backend == "local" else f"-{backend}") + (
-            f"-b{args.vllm_block_size}" if args.vllm_block_size and backend != "local" else "")
+        model_key = f"{args.dtype}-pc{args.prefix_cache_mb}" + ("" if backend == "local" else
+                                                                 f"-{backend.replace(':', '-b')}")
         for kind, retriever in retrievers.items():
             t = time.perf_counter()  # one exact search should cost about one generation step
             retriever.search([queries[0]["question"]], 20)
@@ -354,7 +356,8 @@ def main() -> int:
             "retrieval_share", "ceiling", "share_of_gain", "index_searches", "speculation_steps", "accepted",
             "rollbacks", "pad_docs", "identical", "single_search_s", "hit_same_doc", "hit_new_doc", "new_doc_steps"]
     # the claim line's backend (the best of vLLM's): the table has every one
-    claimed = next((b for b in ("vllm-step-cache", "vllm") if b in backends), backends[0])
+    claimed = next((b for kind in ("vllm-step-cache", "vllm") for b in reversed(backends) if b.partition(":")[0] == kind),
+                   backends[0])
 
     def best(kind):
         return max((r for r in rows if r["retriever"] == kind and r["backend"] == claimed
@@ -378,7 +381,7 @@ def main() -> int:
              "document was padding or a distractor")
     setup += ("; hit_same_doc / hit_new_doc: the engine's prefix-cache hits (cached prompt tokens over prompt "
               "tokens) on steps that keep the step before's document / take a new one (blank: the engine does not "
-              "say), vLLM's KV blocks " + (f"{args.vllm_block_size} tokens" if args.vllm_block_size else "its default"))
+              "say); vLLM's KV blocks: 128 tokens unless the backend says :BLOCK")
     if "cheap" in retrievers:
         setup += "; cheap = bm25s over the pooled corpus alone"
     if args.knnlm_k:
