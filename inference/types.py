@@ -65,8 +65,9 @@ class Generation:
     prompt_tokens: int
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     # of prompt_tokens, those whose keys and values came from the engine's prefix cache (a RaLM step
-    # whose document is unchanged reuses its earlier steps'); None where the engine does not say
-    cached_tokens: int | None = None
+    # whose document is unchanged reuses its earlier steps'); None where the engine does not say (Triton).
+    # Bookkeeping, not content: two generations of the same tokens are equal whatever their cache use
+    cached_tokens: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
