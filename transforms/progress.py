@@ -186,8 +186,9 @@ class ProgressWatcher:
             self._thread.start()
         return self
 
-    def stop(self, failed: bool = False) -> None:
-        """Stop the console lines; the final "finished" line only when the job did finish."""
+    def stop(self, outcome: str = "finished") -> None:
+        """Stop the console lines; the final "finished" line only when the job did finish, else
+        "stopped after …" with why: ``failed``, or ``interrupted`` (SIGINT: resumable, nothing lost)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -195,8 +196,9 @@ class ProgressWatcher:
         if self.interval_s <= 0:
             return
         dead = count(self.counts["dead"], "dead letter")
-        if failed:
-            print(f"{self.job}: stopped after {self.counts['done']} {self.unit}, {dead} (the job failed)",
+        if outcome != "finished":
+            why = "interrupted" if outcome == "interrupted" else "the job failed"
+            print(f"{self.job}: stopped after {self.counts['done']} {self.unit}, {dead} ({why})",
                   file=self.stream, flush=True)
         else:
             elapsed = time.monotonic() - self.started
@@ -215,12 +217,15 @@ def watch_progress(job: str, output: str, total: int | None, unit: str = "querie
     delete(match_files(join(folder, "*")))
     mkdirs(folder)
     watcher = ProgressWatcher(job, folder, total, unit, interval_s, stream, rate_window_s).start()
-    failed = True
+    outcome = "failed"
     try:
         yield watcher
-        failed = False
+        outcome = "finished"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
     finally:
-        watcher.stop(failed)
+        watcher.stop(outcome)
         with contextlib.suppress(Exception):
             delete(match_files(join(folder, "*")))
             delete([folder])
