@@ -338,7 +338,8 @@ def main() -> int:
                              "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
                              "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
                              "pad_docs": sum(d.startswith(("~pad-", "distractor-")) for s in states for d in s.trace.method.step_docs),
-                             "identical": f"{same}/{len(baseline)}", "single_search_s": search_s, **prefix_hits(states)})
+                             "identical": f"{same}/{len(baseline)}", "single_search_s": search_s,
+                             **prefix_hits(states)})
                 print(f"  {backend} {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr,
                       flush=True)
             seqs = [r for r in rows if r["retriever"] == kind and r["backend"] == backend
@@ -357,8 +358,8 @@ def main() -> int:
             "retrieval_share", "ceiling", "share_of_gain", "index_searches", "speculation_steps", "accepted",
             "rollbacks", "pad_docs", "identical", "single_search_s", "hit_same_doc", "hit_new_doc", "new_doc_steps"]
     # the claim line's backend (the best of vLLM's): the table has every one
-    claimed = next((b for kind in ("vllm-step-cache", "vllm") for b in reversed(backends) if b.partition(":")[0] == kind),
-                   backends[0])
+    claimed = next((b for kind in ("vllm-step-cache", "vllm") for b in reversed(backends)
+                    if b.partition(":")[0] == kind), backends[0])
 
     def best(kind):
         return max((r for r in rows if r["retriever"] == kind and r["backend"] == claimed

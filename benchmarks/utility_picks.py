@@ -61,7 +61,8 @@ def analyse(run: Path, gold: dict[str, dict], texts: dict[str, str]) -> dict:
     """The run's questions judged, then averaged (rank agreement over questions where it is defined)."""
     import pyarrow.parquet as pq
     from specrag.evaluation.metrics import contains
-    rows = [r for f in sorted(run.glob("results-*.parquet")) for r in pq.read_table(f, columns=["id", "trace"]).to_pylist()]
+    rows = [r for f in sorted(run.glob("results-*.parquet"))
+            for r in pq.read_table(f, columns=["id", "trace"]).to_pylist()]
     judged = []
     for r in sorted(rows, key=lambda r: r["id"]):
         t = r["trace"]
@@ -126,7 +127,8 @@ def main() -> None:
                           "picks %": _pct(a["picks"]), "retriever top m %": _pct(a["top_m"]),
                           "top 5 %": _pct(a["top_5"]), "top 1 %": _pct(a["top_1"]),
                           "random m %": _pct(a["random_m"]), "lost": a["lost"],
-                          "mean pick rank": f"{a['pick_rank_mean']:.1f}", "rho vs retriever": f"{a['rho_retriever']:.2f}"})
+                          "mean pick rank": f"{a['pick_rank_mean']:.1f}",
+                          "rho vs retriever": f"{a['rho_retriever']:.2f}"})
     if not table:
         raise SystemExit("no AED-RAG run found: " + ", ".join(f"{f}/<set>/{n}" for _, f, n in runs))
     setup = ("Traces: " + ", ".join(f"{label}: `{shown(str(folder))}/<set>/{name}`" for label, folder, name in runs)
@@ -136,8 +138,9 @@ def main() -> None:
              "and the picks do not; the picks' mean rank in the retriever's order; the mean Spearman correlation of "
              "the predictor's scores with that order.")
     first = table[0]
-    claim = (f"picks_gold_hit={float(first['picks %']) / 100:.3f} top_m_gold_hit={float(first['retriever top m %']) / 100:.3f} "
-             f"top5_gold_hit={float(first['top 5 %']) / 100:.3f}")
+    share = lambda column: f"{float(first[column]) / 100:.3f}"  # noqa: E731
+    claim = (f"picks_gold_hit={share('picks %')} top_m_gold_hit={share('retriever top m %')} "
+             f"top5_gold_hit={share('top 5 %')}")
     report = "\n".join(markdown_table(table, list(table[0])))
     if args.results:
         publish(str(args.results), "AED-RAG: do the utility predictor's picks hold the answer?", setup, report, claim)
