@@ -68,8 +68,17 @@ def rest_questions(data: Path, out: Path = QUESTIONS) -> Path:
     return out
 
 
-def synthesize(minutes: float, threads: int, in_flight: int) -> None:
-    """Run (or resume) the synthesis for at most ``minutes``, then stop it cleanly."""
+def kept_rationales() -> int:
+    """Rationales kept by both syntheses together (the training data's size)."""
+    import pyarrow.parquet as pq
+    return sum(r["trace"]["kept"] for folder in (REPO / FIRST_SYNTHESIS, SYNTHESIS)
+               for f in sorted(folder.glob("results-*.parquet"))
+               for r in pq.read_table(f, columns=["trace"]).to_pylist())
+
+
+def synthesize(minutes: float, threads: int, in_flight: int, until_kept: int | None = None) -> None:
+    """Run (or resume) the synthesis for at most ``minutes`` — or until both syntheses hold
+    ``until_kept`` kept rationales (checked every two minutes) — then stop it cleanly."""
     data = imported_data(WORK, str(REPO.parent / "shared" / "data"))
     index = pooled_index(WORK, data)
     queries = rest_questions(data)
@@ -84,8 +93,14 @@ def synthesize(minutes: float, threads: int, in_flight: int) -> None:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60 * minutes
+    checked = time.monotonic()
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(5)
+        if until_kept and time.monotonic() - checked > 120:
+            checked = time.monotonic()
+            if kept_rationales() >= until_kept:
+                print(f"{until_kept} rationales kept: stopping", flush=True)
+                break
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)  # a clean stop: finished verdicts stay, the lease is released
         try:
@@ -220,6 +235,8 @@ def main() -> None:
     s.add_argument("--minutes", type=float, default=60)
     s.add_argument("--threads", type=int, default=1, help="the vLLM server's CPU threads")
     s.add_argument("--in-flight", type=int, default=16, help="questions in flight (one engine batch)")
+    s.add_argument("--until-kept", type=int, default=None,
+                   help="stop once both syntheses hold this many kept rationales (the issue asks 2,000)")
     sub.add_parser("status", help="verdicts so far and the rate")
     sub.add_parser("report", help="record benchmarks/results/speculative_rag_pays.md from what exists")
     t = sub.add_parser("train", help="train or resume the 0.5B drafter on --examples rationales")
@@ -229,7 +246,7 @@ def main() -> None:
     t.add_argument("--refresh", action="store_true", help="rebuild the synthesis' rationale table first")
     args = ap.parse_args()
     if args.step == "synthesize":
-        synthesize(args.minutes, args.threads, args.in_flight)
+        synthesize(args.minutes, args.threads, args.in_flight, args.until_kept)
     elif args.step == "report":
         report()
     elif args.step == "train":
