@@ -39,21 +39,14 @@ def one_variant(base: str, settings: dict, steps: int, batch: int, threads: int)
     """Run in a fresh process (its own peak memory): seconds per step, loss, tokens."""
     import pyarrow.parquet as pq
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from specrag.inference.models import materialise
     from specrag.pipelines.drafter import validate_rationale
-    from specrag.training.drafter import DrafterTrainingConfig, accumulated_loss, encode, with_adapter
+    from specrag.training.drafter import DrafterTrainingConfig, accumulated_loss, encode, trainable
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     config = DrafterTrainingConfig(**settings)
     rows = pq.read_table(REPO / SYNTHESIS / "rationales.parquet").to_pylist()
     examples = [e for r in rows[:steps * batch] for e in validate_rationale(r, frozenset())]
-    path = materialise(base)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if config.lora_rank:
-        model = with_adapter(model, config)
-    trained = [p for p in model.parameters() if p.requires_grad]
+    tokenizer, model, trained = trainable(base, config)
     optimizer = torch.optim.AdamW(trained, lr=1e-4)
     end = [tokenizer.eos_token_id]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end[0]

@@ -98,10 +98,26 @@ def open_generator(backend: str, args):
                                              prefix_cache_mb=args.prefix_cache_mb))
     from specrag.inference.vllm import VllmBackend, VllmConfig
     from specrag.inference.types import GenerateRequest
-    generator = VllmBackend("smollm2-135m-instruct", VllmConfig(kv_cache_gb=1, step_cache=backend == "vllm-step-cache"),
+    kind, _, block = backend.partition(":")
+    generator = VllmBackend("smollm2-135m-instruct", VllmConfig(kv_cache_gb=1, step_cache=kind == "vllm-step-cache",
+                                                              block_size=int(block) if block else None),
                             dtype=args.dtype, threads=args.threads)
     generator.generate([GenerateRequest("Warm up.", max_new_tokens=4)])  # the server's start, not a request's
     return generator
+
+
+def prefix_hits(states) -> dict:
+    """The engine's prefix-cache hit rate over the requests' generation steps (cached prompt tokens
+    over prompt tokens), apart for the steps that keep the step before's document and those with a
+    new one: what a step recomputes when its document changes. None where the engine does not say."""
+    steps = [r for s in states for r in getattr(s.trace.method, "step_reuse", [])]
+    out = {}
+    for key, new in (("hit_same_doc", False), ("hit_new_doc", True)):
+        mine = [r for r in steps if r.new_document == new]
+        known = mine and all(r.cached_tokens is not None for r in mine)
+        out[key] = sum(r.cached_tokens for r in mine) / max(1, sum(r.prompt_tokens for r in mine)) if known else None
+    out["new_doc_steps"] = sum(r.new_document for r in steps)
+    return out
 
 
 def serve(services, method, queries: list[dict], label: str, cache: Path | None = None) -> tuple[list[float], list]:
@@ -182,7 +198,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--backends", default="local",
                     help="comma-separated, in one sitting: local (the embedded engine), vllm (`make install-vllm`), "
-                         "vllm-step-cache (vLLM, a RaLM step reusing its prompt's cached blocks: --vllm-step-cache)")
+                         "vllm-step-cache (vLLM, a RaLM step reusing its prompt's cached blocks: --vllm-step-cache); "
+                         "a vLLM one as NAME:BLOCK for KV blocks of BLOCK tokens (--vllm-block-size; default vLLM's, "
+                         "128 on a CPU). The claim line speaks for the last vLLM one with the step cache (else vllm's)")
     ap.add_argument("--baseline-again", action="store_true",
                     help="serve RaLMSeq again after the variants (the server warm, caches as the variants left "
                          "them): speed-ups are over the mean of both RaLMSeq runs, the table shows each")
@@ -267,8 +285,9 @@ def main() -> int:
     queries = [validate_query(r) for r in
                pq.read_table(data / args.dataset / "queries.parquet").to_pylist()][:args.questions]
     backends = args.backends.split(",")
-    if set(backends) - {"local", "vllm", "vllm-step-cache"} or not backends:
-        raise SystemExit("--backends: some of local, vllm, vllm-step-cache")
+    if {b.partition(":")[0] for b in backends} - {"local", "vllm", "vllm-step-cache"} or "local:" in args.backends \
+            or not all(b.partition(":")[2].isdigit() for b in backends if ":" in b):
+        raise SystemExit("--backends: some of local, vllm[:BLOCK], vllm-step-cache[:BLOCK]")
     settings = dict(stride=args.stride, max_new_tokens=args.max_new_tokens, doc_max_tokens=args.doc_tokens)
 
     cost_rows = []
@@ -286,7 +305,8 @@ def main() -> int:
     for backend in backends:
         generator = open_generator(backend, args)
         # vLLM's own prefix cache holds what vLLM holds; a RaLM step skips it (a batch-invariant row)
-        model_key = f"{args.dtype}-pc{args.prefix_cache_mb}" + ("" if backend == "local" else f"-{backend}")
+        model_key = f"{args.dtype}-pc{args.prefix_cache_mb}" + ("" if backend == "local" else
+                                                                 f"-{backend.replace(':', '-b')}")
         for kind, retriever in retrievers.items():
             t = time.perf_counter()  # one exact search should cost about one generation step
             retriever.search([queries[0]["question"]], 20)
@@ -317,7 +337,7 @@ def main() -> int:
                              "index_searches": c("retrieval_calls"), "speculation_steps": sum(steps),
                              "accepted": c("speculation_accepted"), "rollbacks": c("rollbacks"),
                              "pad_docs": sum(d.startswith(("~pad-", "distractor-")) for s in states for d in s.trace.method.step_docs),
-                             "identical": f"{same}/{len(baseline)}", "single_search_s": search_s})
+                             "identical": f"{same}/{len(baseline)}", "single_search_s": search_s, **prefix_hits(states)})
                 print(f"  {backend} {kind} {label}: {rows[-1]['mean_latency_s']:.2f}s per request", file=sys.stderr,
                       flush=True)
             seqs = [r for r in rows if r["retriever"] == kind and r["backend"] == backend
@@ -334,9 +354,10 @@ def main() -> int:
     knn_rows = knnlm_rows(args, work, data, queries) if args.knnlm_k else []
     cols = ["retriever", "backend", "passages", "method", "mean_latency_s", "generation_s", "retrieval_s", "speedup",
             "retrieval_share", "ceiling", "share_of_gain", "index_searches", "speculation_steps", "accepted",
-            "rollbacks", "pad_docs", "identical", "single_search_s"]
+            "rollbacks", "pad_docs", "identical", "single_search_s", "hit_same_doc", "hit_new_doc", "new_doc_steps"]
     # the claim line's backend (the best of vLLM's): the table has every one
-    claimed = next((b for b in ("vllm-step-cache", "vllm") if b in backends), backends[0])
+    claimed = next((b for kind in ("vllm-step-cache", "vllm") for b in reversed(backends) if b.partition(":")[0] == kind),
+                   backends[0])
 
     def best(kind):
         return max((r for r in rows if r["retriever"] == kind and r["backend"] == claimed
@@ -358,6 +379,9 @@ def main() -> int:
                  f"EDR = flat over {args.edr_vectors:,} vectors (pooled corpus + random unit padding), ADR = HNSW "
                  f"and SR = bm25s over the pooled corpus (14,947 passages)") + "; pad_docs: accepted steps whose "
              "document was padding or a distractor")
+    setup += ("; hit_same_doc / hit_new_doc: the engine's prefix-cache hits (cached prompt tokens over prompt "
+              "tokens) on steps that keep the step before's document / take a new one (blank: the engine does not "
+              "say); vLLM's KV blocks: 128 tokens unless the backend says :BLOCK")
     if "cheap" in retrievers:
         setup += "; cheap = bm25s over the pooled corpus alone"
     if args.knnlm_k:

@@ -108,7 +108,8 @@ class LocalCausalLM:
         return out
 
     def _prefill(self, prompts: list[list[int]], extra_capacity: int, head_lens: list[int] | None = None):
-        """KV cache, attention mask, last positions and next-token logits for a batch.
+        """KV cache, attention mask, last positions, next-token logits and, per row, the leading
+        tokens taken from the prefix cache (0 without one) for a batch.
 
         Rows are prefilled one at a time and stacked (see kv_cache); models whose cache
         cannot be stacked (sliding-window layers) fall back to one left-padded forward. The
@@ -119,15 +120,17 @@ class LocalCausalLM:
         import torch
         from transformers.cache_utils import DynamicCache
         if self.prefix_cache is not None:  # segmented prefill, reusing cached segments
-            caches, logits = [], []
+            caches, logits, reused = [], [], []
             for row, ids in enumerate(prompts):
                 head = len(ids) if head_lens is None else head_lens[row]
-                cache, last_logits, _ = self.prefix_cache.prefill(self.model, ids[:head], ids[head:])
+                cache, last_logits, _, from_cache = self.prefix_cache.prefill(self.model, ids[:head], ids[head:])
                 caches.append(cache)
                 logits.append(last_logits)
+                reused.append(from_cache)
             ids, mask = left_pad(prompts, self.pad_id, self.device)
             last_pos = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-            return stack_caches(caches, extra_capacity, self._decode_dtype), mask, last_pos, torch.cat(logits)
+            return (stack_caches(caches, extra_capacity, self._decode_dtype), mask, last_pos, torch.cat(logits),
+                    reused)
         if len(prompts) > 1 and self._stackable is not False:
             caches, logits = [], []
             for ids in prompts:
@@ -143,14 +146,15 @@ class LocalCausalLM:
             if self._stackable:
                 ids, mask = left_pad(prompts, self.pad_id, self.device)
                 last_pos = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-                return stack_caches(caches, extra_capacity, self._decode_dtype), mask, last_pos, torch.cat(logits)
+                return (stack_caches(caches, extra_capacity, self._decode_dtype), mask, last_pos, torch.cat(logits),
+                        [0] * len(prompts))
         ids, mask = left_pad(prompts, self.pad_id, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
         past = res.past_key_values if self._decode_dtype is None else cast_cache(res.past_key_values,
                                                                                   self._decode_dtype)
-        return past, mask, positions[:, -1], res.logits[:, -1, :]
+        return past, mask, positions[:, -1], res.logits[:, -1, :], [0] * len(prompts)
 
     def _step(self, past, mask, last_pos, keep: list[int], next_tokens: list[int]):
         """One decoding step for the batch rows in ``keep`` (finished rows leave the KV cache
@@ -184,8 +188,8 @@ class LocalCausalLM:
         active = list(range(n))  # rows of the current batch -> request index
         started = time.perf_counter()
         with torch.inference_mode():
-            past, mask, last_pos, logits = self._prefill(prompts, max(r.max_new_tokens for r in requests),
-                                                         [len(h) for h in heads])
+            past, mask, last_pos, logits, reused = self._prefill(prompts, max(r.max_new_tokens for r in requests),
+                                                                 [len(h) for h in heads])
             prefilled = time.perf_counter()
             while active:
                 self.stats["decode_steps"] += 1
@@ -227,7 +231,7 @@ class LocalCausalLM:
         self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
         texts = [t if t is not None else self.tokenizer.decode(ids, skip_special_tokens=True)
                  for t, ids in zip(texts, out_ids)]
-        return [Generation(texts[i], out_ids[i], out_lp[i], len(prompts[i]), finish[i]) for i in range(n)]
+        return [Generation(texts[i], out_ids[i], out_lp[i], len(prompts[i]), finish[i], reused[i]) for i in range(n)]
 
     def score(self, requests: list[ScoreRequest]) -> list[Scored]:
         contrastive = [i for i, r in enumerate(requests) if r.contrast_prompt is not None]
@@ -266,7 +270,7 @@ class LocalCausalLM:
         active = list(range(len(rows)))  # batch row -> stream index
         started = time.perf_counter()
         with torch.inference_mode():
-            past, mask, last_pos, logits = self._prefill(rows, max(r.max_new_tokens for r in requests))
+            past, mask, last_pos, logits, _ = self._prefill(rows, max(r.max_new_tokens for r in requests))
             prefilled = time.perf_counter()
             while active:
                 self.stats["decode_steps"] += 1
@@ -378,7 +382,7 @@ class LocalCausalLM:
                 head = self.prompt_ids(r.prompt, r.chat)
                 ids = head + list(r.continuation_ids)
                 if self.prefix_cache is not None:  # the prompt and full blocks come from earlier steps
-                    _, last_logits, last_hidden = self.prefix_cache.prefill(self.model, head, r.continuation_ids,
+                    _, last_logits, last_hidden, _ = self.prefix_cache.prefill(self.model, head, r.continuation_ids,
                                                                             hidden=True)
                 else:
                     res = self.model(input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True,

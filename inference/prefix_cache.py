@@ -25,7 +25,7 @@ and the prompt is encoded once per document instead of once per step.
 Example usage::
 
     cache = PrefixKVCache(block_tokens=4, budget_bytes=512 << 20)
-    past, logits, hidden = cache.prefill(model, prompt_ids, answer_ids)  # a DynamicCache of both
+    past, logits, hidden, reused = cache.prefill(model, prompt_ids, answer_ids)  # a DynamicCache of both
 """
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ class PrefixKVCache:
 
     def prefill(self, model, head: Sequence[int], continuation: Sequence[int] = (), hidden: bool = False):
         """(DynamicCache over ``head + continuation``, logits of the last token [1, vocab], its
-        last hidden state [hidden] or None) — reusing the longest cached run of segments."""
+        last hidden state [hidden] or None, how many leading tokens came from the cache) — reusing
+        the longest cached run of segments."""
         import torch
         from transformers.cache_utils import DynamicCache
         ids = list(head) + list(continuation)
@@ -145,4 +146,4 @@ class PrefixKVCache:
             self.stats["computed_tokens"] += len(ids) - reused
             self.stats["forwards"] += len(ends) - len(found)
         last_hidden = res.hidden_states[-1][0, -1] if hidden else None
-        return past, res.logits[:, -1, :], last_hidden
+        return past, res.logits[:, -1, :], last_hidden, reused

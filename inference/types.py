@@ -64,6 +64,9 @@ class Generation:
     token_logprobs: list[float]
     prompt_tokens: int
     finish_reason: str  # "stop" (EOS or stop string) or "length"
+    # of prompt_tokens, those whose keys and values came from the engine's prefix cache (a RaLM step
+    # whose document is unchanged reuses its earlier steps'); None where the engine does not say
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -77,10 +77,19 @@ class VllmConfig:
     # question and document) instead of prefilling it again: exact in every run measured, not by
     # construction (docs/guide/vllm.md)
     step_cache: bool = False
+    # tokens per KV block of a started server (None: vLLM's own, 128 on a CPU). Only whole blocks are
+    # cached, so a RaLM step recomputes the tail of its prompt past the last whole block: smaller
+    # blocks leave less to recompute (a results file, not this default, says what pays)
+    block_size: int | None = None
 
     def __post_init__(self):
         if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0 or self.max_inflight_batches < 1:
             raise ValueError("vllm: timeout_s > 0, retries >= 0, backoff_s >= 0, max_inflight_batches >= 1")
+        if self.block_size is not None and (self.block_size < 1 or self.block_size & (self.block_size - 1)):
+            raise ValueError(f"--vllm-block-size must be a power of two, got {self.block_size}")
+        if self.block_size is not None and self.url:
+            raise ValueError("--vllm-block-size sets up a server the backend starts; a --vllm-url server has "
+                             "its own (vLLM's --block-size): leave one of them out")
         if self.embed and self.url:
             raise ValueError("--vllm-embed starts an embedding server per worker beside the generator's; a "
                              "--vllm-url server serves one model: leave one of them out")
@@ -166,14 +175,19 @@ class VllmBackend(ModelBackend):
              help="with --backend vllm, a RaLM step reuses vLLM's cached blocks of its own prompt (the question "
                   "and document) instead of prefilling it again: RaLMSeq 1.37x faster, RaLMSpec equal to it in "
                   "every run measured, not by construction (docs/guide/vllm.md)")
+        flag("block_size", type=int, default=None,
+             help="tokens per KV-cache block of each vLLM server the backend starts (default: vLLM's, 128 on "
+                  "a CPU, where its attention needs a multiple of 32); only whole blocks are reused, so "
+                  "--vllm-step-cache reuses more with smaller ones")
 
     @classmethod
     def config_from_options(cls, value, chosen: bool) -> VllmConfig | None:
         if chosen or value("url"):
             return VllmConfig(url=value("url"), kv_cache_gb=value("kv_cache_gb"), embed=value("embed"),
-                              step_cache=value("step_cache"))
-        if value("embed") or value("step_cache"):
-            raise ValueError(f"--vllm-{'embed' if value('embed') else 'step-cache'} is an option of --backend vllm")
+                              step_cache=value("step_cache"), block_size=value("block_size"))
+        for name in ("embed", "step_cache", "block_size"):
+            if value(name) not in (None, False):
+                raise ValueError(f"--vllm-{name.replace('_', '-')} is an option of --backend vllm")
         return None
 
     @classmethod
@@ -182,7 +196,8 @@ class VllmBackend(ModelBackend):
         # vLLM's pooling kernels: the same vectors to float32 rounding, not bit for bit; a step whose
         # prompt is cached runs other kernels than one prefilled whole
         return {**({"embed_backend": "vllm"} if vllm is not None and vllm.embed else {}),
-                **({"vllm_step_cache": True} if vllm is not None and vllm.step_cache else {})}
+                **({"vllm_step_cache": True} if vllm is not None and vllm.step_cache else {}),
+                **({"vllm_block_size": vllm.block_size} if vllm is not None and vllm.block_size else {})}
 
     @classmethod
     def serves(cls, model: str, settings: BackendSettings | None = None) -> frozenset[str]:
@@ -230,7 +245,7 @@ class VllmBackend(ModelBackend):
             from specrag.inference.vllm_server import VllmServer, VllmServerConfig
             self.server = VllmServer(VllmServerConfig(
                 model, str(folder), dtype=dtype, threads=threads, kv_cache_gb=config.kv_cache_gb,
-                max_num_seqs=config.max_num_seqs, eager=config.eager, embed=self.embeds,
+                max_num_seqs=config.max_num_seqs, eager=config.eager, embed=self.embeds, block_size=config.block_size,
                 max_model_len=EMBED_MAX_TOKENS if self.embeds else VllmServerConfig.max_model_len)).start()
             atexit.register(self.server.stop)
             self.url = self.server.url
@@ -284,14 +299,17 @@ class VllmBackend(ModelBackend):
             body["cache_salt"] = hashlib.sha256(repr(prompt[:len(prompt) - len(r.continuation_ids)]).encode()
                                                 ).hexdigest()[:32] if self.config.step_cache else uuid.uuid4().hex
         async with self._gate.enter(alone=r.batch_invariant):
-            choice = (await self._post(body))["choices"][0]
+            data = await self._post(body)
+        choice = data["choices"][0]
         ids = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
         lps = [float(x) for x in choice["logprobs"]["token_logprobs"]]
         while ids and ids[-1] in self._eos:  # EOS is not part of the text (as the local backend)
             ids.pop()
             lps.pop()
         finish = "stop" if choice["finish_reason"] == "stop" else "length"
-        return Generation(choice["text"], ids, lps, len(prompt), finish)
+        # a server started here reports them; one given by --vllm-url only with --enable-prompt-tokens-details
+        cached = ((data.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        return Generation(choice["text"], ids, lps, len(prompt), finish, cached)
 
     async def _score(self, r: ScoreRequest) -> Scored:
         if r.contrast_prompt is not None:

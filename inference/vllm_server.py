@@ -58,6 +58,7 @@ class VllmServerConfig:
     eager: bool = False  # no torch.compile: starts in seconds, runs slower (tests)
     seed: int = 0
     embed: bool = False  # vLLM's pooling runner for an encoder (embeddings), not its generate runner
+    block_size: int | None = None  # tokens per KV block (None: vLLM's choice for the platform)
 
 
 class VllmServer:
@@ -76,7 +77,8 @@ class VllmServer:
         cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", c.folder,
                "--served-model-name", c.name, "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", c.dtype, "--max-model-len", str(c.max_model_len), "--max-num-seqs", str(c.max_num_seqs),
-               "--seed", str(c.seed), "--generation-config", "vllm", "--max-logprobs", "1"]
+               "--seed", str(c.seed), "--generation-config", "vllm", "--max-logprobs", "1",
+               "--enable-prompt-tokens-details"]  # each answer's cached prompt tokens (usage)
         if c.embed:
             # vLLM 0.32 will not start an encoder-only model with prefix caching ("HybridKVCacheCoordinator
             # requires at least one cacheable group"); an embedding reads each text once anyway
@@ -85,6 +87,8 @@ class VllmServer:
             cmd.append("--enable-prefix-caching" if c.prefix_caching else "--no-enable-prefix-caching")
         if c.eager:
             cmd.append("--enforce-eager")
+        if c.block_size:
+            cmd += ["--block-size", str(c.block_size)]
         return cmd
 
     def environment(self) -> dict:

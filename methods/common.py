@@ -148,6 +148,17 @@ class TokenTrace:
 
 
 @dataclass
+class StepReuse:
+    """One generation step of a RaLM request, as the engine's prefix cache saw it: a step whose
+    document is the step before's extends that step's prompt, so only its new tokens need a
+    forward; a new document changes the prompt from the document on."""
+
+    prompt_tokens: int  # document, question and the answer so far
+    cached_tokens: int | None  # of those, the ones the engine's prefix cache supplied (None: it does not say)
+    new_document: bool  # another document than the request's step before (the first step's is new)
+
+
+@dataclass
 class SpeculationTrace:
     """Speculative retrieval (RaLMSpec, KNN-LM with speculation): what the speculation did."""
 
@@ -157,6 +168,7 @@ class SpeculationTrace:
     verifications: int = 0
     stride_history: list[int] = field(default_factory=list)
     cache_size: int = 0
+    step_reuse: list[StepReuse] = field(default_factory=list)  # every generation step, in order (RaLMSpec)
 
 
 def finalise_tokens(item: QueryState, ctx, out: list[int], record=None) -> QueryState:

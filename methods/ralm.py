@@ -18,7 +18,7 @@ from typing import Any
 
 from specrag.inference.types import GenerateRequest, Generation
 from specrag.methods.base import Method, MethodConfig, QueryState, Stage
-from specrag.methods.common import finalise_tokens
+from specrag.methods.common import StepReuse, finalise_tokens
 from specrag.methods.prompts import build_prompt
 from specrag.retrieval.base import Hit
 
@@ -44,6 +44,8 @@ class RaLMSteps:
         self.item, self.ctx, self.config, self.stage = item, ctx, config, stage
         self.question_ids = ctx.tokenize(item.query["question"])
         self._chunks: dict[str, Hit] = {}
+        self.reuse: list[StepReuse] = []  # every generation step's prefix-cache use, in order
+        self._last_doc: str | None = None
 
     def query_text(self, out: list[int]) -> str:
         return self.ctx.detokenize((self.question_ids + out)[-self.config.query_tokens:])
@@ -80,12 +82,17 @@ class RaLMSteps:
         request = GenerateRequest(build_prompt(self.item.query, [self.chunk(doc)]),
                                   max_new_tokens=min(self.config.stride, self.config.max_new_tokens - len(out)),
                                   continuation_ids=tuple(out), batch_invariant=True)
-        return await self.ctx.generate(request)
+        gen = await self.ctx.generate(request)
+        new = doc.doc_id != self._last_doc
+        self.reuse.append(StepReuse(gen.prompt_tokens, gen.cached_tokens, new))
+        self._last_doc = doc.doc_id
+        return gen
 
     def finished(self, gen: Generation, out: list[int]) -> bool:
         return gen.finish_reason == "stop" or len(out) >= self.config.max_new_tokens
 
     def finalise(self, out: list[int], record) -> QueryState:
+        record.step_reuse = self.reuse
         return finalise_tokens(self.item, self.ctx, out, record)
 
 
@@ -95,6 +102,7 @@ class RaLMTrace:
 
     output_ids: list[int] = field(default_factory=list)
     step_docs: list[str] = field(default_factory=list)
+    step_reuse: list[StepReuse] = field(default_factory=list)  # every generation step, in order
 
 
 @dataclass

@@ -382,11 +382,7 @@ def kafka_sender(bootstrap: str, topic: str):
 def kafka(tmp_path_factory):
     """A Kafka broker (KRaft), Beam's Kafka expansion service and a Java worker pool on
     127.0.0.1, from the pinned jars `make install-flink` resolved (deploy/flink/kafka_services.py)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("specrag_kafka_services",
-                                                  REPO / "deploy" / "flink" / "kafka_services.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(REPO / "deploy" / "flink" / "kafka_services.py", "specrag_kafka_services")
     module.install()  # `make install-flink` did it; a no-op then
     services = module.Kafka(tmp_path_factory.mktemp("kafka")).start()
     yield services
@@ -406,6 +402,25 @@ def prism() -> str:
     built = re.search(r"^\s*mod\s+github\.com/apache/beam/sdks/v2\s+(\S+)", info, re.M)
     assert built and built.group(1) == f"v{apache_beam.__version__}", info
     return str(PRISM)
+
+
+def load_script(path: Path, name: str):
+    """A script of the repository (a benchmark, a deploy launcher: not a package) as a module. Its
+    folder is on sys.path while it loads (its own imports, e.g. ``workloads``) and off again after,
+    so a folder named like a real package (deploy/vllm) shadows nothing; the module is registered
+    under ``name`` (a dataclass looks its module up there)."""
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    saved = list(sys.path)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
 
 
 def free_port() -> int:

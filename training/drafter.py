@@ -217,19 +217,13 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     tokenizer with its chat template, card, training manifest)."""
     import shutil
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from specrag.inference.local_base import set_torch_threads
-    from specrag.inference.models import materialise, model_identity
+    from specrag.inference.models import model_identity
     config.validate()
     started = time.time()
     set_torch_threads(config.threads)
     torch.manual_seed(config.seed)
-    path = materialise(base)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if config.lora_rank:
-        model = with_adapter(model, config)
-    trained = [p for p in model.parameters() if p.requires_grad]
+    tokenizer, model, trained = trainable(base, config)
     chat = bool(tokenizer.chat_template)
     end_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (end_ids or [0])[0]
@@ -325,6 +319,20 @@ def departure(config: DrafterTrainingConfig) -> str:
     """How this drafter's recipe departs from the paper's."""
     return DEPARTURE.format(how=f"tuned as a LoRA adapter of rank {config.lora_rank}" if config.lora_rank
                             else "fully fine-tuned")
+
+
+def trainable(base: str, config: DrafterTrainingConfig):
+    """(tokenizer, float32 model, its trained parameters) of ``base``: the whole model, or with
+    ``lora_rank`` its LoRA adapter over the frozen base."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from specrag.inference.models import materialise
+    path = materialise(base)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if config.lora_rank:
+        model = with_adapter(model, config)
+    return tokenizer, model, [p for p in model.parameters() if p.requires_grad]
 
 
 def with_adapter(model, config: DrafterTrainingConfig):

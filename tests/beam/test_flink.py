@@ -5,7 +5,6 @@ environment): answers equal to the FnApiRunner's (batch-invariant settings), RaL
 RaLMSeq token for token, build-index byte-identical, and a TaskManager killed with SIGKILL in
 the middle of a job, after which --resume completes the run with every id once; and a watched
 folder and a Kafka topic streamed on Flink across a TaskManager kill and a restart."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,7 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import assert_stopped_once, corpus_jobs, kafka_sender, sigint_drains, stream_rows, wait_for
+from conftest import (assert_stopped_once, corpus_jobs, kafka_sender, load_script, sigint_drains, stream_rows,
+                      wait_for)
 
 from specrag.methods import create_method
 from specrag.pipelines.answer import AnswerJob, run_answer
@@ -27,10 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _launch_module():
-    spec = importlib.util.spec_from_file_location("specrag_flink_launch", REPO / "deploy" / "flink" / "launch.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "deploy" / "flink" / "launch.py", "specrag_flink_launch")
 
 
 @pytest.fixture(scope="module")

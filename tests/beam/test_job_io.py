@@ -254,13 +254,11 @@ def test_a_filesystem_that_cannot_be_used_is_an_error_with_its_cause_not_an_empt
 def test_flex_template_parameters_become_one_answer_command():
     """Dataflow hands a Flex Template one value per parameter; the entry point turns them into the
     `specrag answer` flags (repeatable ones from lists), and every parameter is an answer option."""
-    import importlib.util
     from pathlib import Path
+    from conftest import load_script
     from specrag.pipelines.options import JOB_OPTIONS
     folder = Path(__file__).resolve().parents[2] / "deploy" / "beam" / "flex_template"
-    spec = importlib.util.spec_from_file_location("flex_main", folder / "main.py")
-    entry = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(entry)
+    entry = load_script(folder / "main.py", "flex_main")
     assert entry.answer_argv(["--queries=gs://b/q/*.parquet", "--output=gs://b/out", "--settings=top_k=10, max_new_tokens=64",
                               "--models=generator=gemma3-270m", "--resume=true", "--overwrite=false"]) == [
         "answer", "--queries=gs://b/q/*.parquet", "--output=gs://b/out", "--set=top_k=10", "--set=max_new_tokens=64",

@@ -113,6 +113,20 @@ def _ralm_steps(model, prompt: str, steps: int) -> list:
     return gens
 
 
+def test_each_step_says_how_much_of_its_prompt_the_prefix_cache_supplied(generator, prefix_generator):
+    """A RaLM request's first step computes its whole prompt; each later step takes all of it but
+    the newest block (the stride's 4 tokens) from the cache and says so; without a cache, none."""
+    for model, reused in ((prefix_generator(), lambda prompt: prompt - 4), (generator, lambda prompt: 0)):
+        out, seen = [], []
+        for _ in range(4):
+            gen = model.generate([GenerateRequest(PROMPTS[3], max_new_tokens=4, continuation_ids=tuple(out),
+                                                  batch_invariant=True)])[0]
+            assert len(gen.token_ids) == 4
+            seen.append((gen.prompt_tokens, gen.cached_tokens))
+            out += gen.token_ids
+        assert seen[0][1] == 0 and [cached for _, cached in seen[1:]] == [reused(p) for p, _ in seen[1:]]
+
+
 def test_prefix_reuse_returns_the_tokens_of_a_cold_cache(prefix_generator):
     """Warm (blocks of earlier steps and prompts), cold (a new cache for every request) and a
     cache too small to keep anything give the same tokens and log-probabilities, bit for bit;

@@ -336,7 +336,12 @@ def test_ralmspec_equals_ralmseq_with_prefix_reuse(prefix_generator, pooled_bm25
     model = prefix_generator()
     engine_for = lambda: Engine(Services(models={"generator": model}, retriever=retriever),  # noqa: E731
                                 EngineConfig(max_batch=16))
-    baseline = _outputs(_run(engine_for, create_method("ralmseq", **TEST_SETTINGS), queries))
+    states = _run(engine_for, create_method("ralmseq", **TEST_SETTINGS), queries)
+    baseline = _outputs(states)
+    # a step that keeps its document extends the step before: all but its newest block came from the cache
+    same = [r for st in states for r in st.trace.method.step_reuse if not r.new_document]
+    assert same and all(r.cached_tokens == r.prompt_tokens - TEST_SETTINGS["stride"] for r in same)
+    assert all(st.trace.method.step_reuse[0].cached_tokens == 0 for st in states)  # a new prompt: computed
     for extra in (dict(sequential_fallback=False),
                   dict(prefetch=True, os3=True, async_verification=True, sequential_fallback=False)):
         assert _outputs(_run(engine_for, create_method("ralmspec", **TEST_SETTINGS, **extra), queries)) == baseline

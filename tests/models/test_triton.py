@@ -11,7 +11,6 @@ another order, as in the local backend's own batched calls.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import load_script
 
 from specrag.inference.triton_protocol import OPS, decode_requests, decode_results, encode_requests, encode_results
 from specrag.inference.types import (FusedDecodeRequest, GenerateRequest, Generation, RerankRequest, ScoreRequest,
@@ -33,14 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 BEAM_ARGS = ("--runner=FnApiRunner",)
 
 
-def _launcher():
-    spec = importlib.util.spec_from_file_location("specrag_triton_launch", REPO / "deploy" / "triton" / "launch.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-launch = _launcher()
+launch = load_script(REPO / "deploy" / "triton" / "launch.py", "specrag_triton_launch")
 
 
 def _start(tmp_path: Path, repo: Path = REPO / "model_repo", **kwargs):

@@ -155,7 +155,8 @@ def test_ralmspec_on_vllm_equals_ralmseq(retriever, step_cache, vllm_backend, de
                                                            sequential_fallback=False))):
         method = create_method(name, **common, **extra)
         out = tmp_path / name
-        config = dataclasses.replace(CONFIG, step_cache=step_cache)
+        # blocks of 32 (a CPU's least): these prompts (~100 tokens) are shorter than its default block of 128
+        config = dataclasses.replace(CONFIG, step_cache=step_cache, block_size=32 if step_cache else None)
         runtime = RuntimeConfig(backend="vllm", index_dir=str(demo_index), retriever=retriever,
                                 backend_configs=(config,)).with_roles(method.model_roles)
         run_answer(AnswerJob(str(demo_tables[0]), str(out), method, runtime, batch_size=4, limit=8))
@@ -163,6 +164,15 @@ def test_ralmspec_on_vllm_equals_ralmseq(retriever, step_cache, vllm_backend, de
         outputs[name] = {r["id"]: (r["raw_output"], r["trace"]["output_ids"]) for r in rows}
         if name == "ralmspec":
             assert sum(r["counts"]["speculation_accepted"] or 0 for r in rows) > 0  # it did speculate
+        steps = [s for r in rows for s in r["trace"]["step_reuse"]]
+        assert all(s["cached_tokens"] is not None and s["cached_tokens"] < s["prompt_tokens"] for s in steps)
+        if name == "ralmseq":  # a new prompt is computed (RaLMSpec's first steps find RaLMSeq's, with step_cache)
+            assert all(r["trace"]["step_reuse"][0]["cached_tokens"] == 0 for r in rows)
+        same = [s for s in steps if not s["new_document"]]
+        if step_cache:  # a step that keeps its document reuses every whole block of the step before's tokens
+            assert same and all(s["cached_tokens"] == (s["prompt_tokens"] - 1) // 32 * 32 for s in same)
+        else:  # alone and salted afresh: nothing comes from the cache
+            assert all(s["cached_tokens"] == 0 for s in steps)
     assert len(outputs["ralmseq"]) == 8 and outputs["ralmspec"] == outputs["ralmseq"]
 
 

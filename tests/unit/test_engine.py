@@ -111,7 +111,6 @@ def test_requests_that_arrive_while_the_backend_is_busy_join_one_waiting_batch()
     """A streaming job's queries reach a stage one by one; behind a long call they must meet in
     one batch, not queue as batches of one (a 1.5B teacher decoded one row at a time)."""
     import threading
-    import time
     from concurrent.futures import ThreadPoolExecutor
     from specrag.inference.batcher import MicroBatcher
     sizes, release = [], threading.Event()

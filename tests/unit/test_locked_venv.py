@@ -2,26 +2,13 @@
 and that the committed locks are what the installers install."""
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-
-
-def _module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # a dataclass looks its module up there
-    path = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
-    finally:  # an installer puts deploy/ first, where vllm/ and openvino/ would shadow real packages
-        sys.path[:] = path
-    return module
 
 
 def _item(name: str, version: str, archive: dict) -> dict:  # one entry of `pip install --report`
@@ -30,7 +17,7 @@ def _item(name: str, version: str, archive: dict) -> dict:  # one entry of `pip 
 
 
 def test_a_relock_pins_every_installed_package_by_hash_but_torch_and_the_unused_ones(tmp_path):
-    locked = _module(DEPLOY / "locked_venv.py", "locked_venv")
+    locked = load_script(DEPLOY / "locked_venv.py", "locked_venv")
     venv = locked.LockedVenv(name="engine", requirements=("engine==1.0",), lock=tmp_path / "requirements.lock",
                              check_code="", unused=("torchvision",))
     report = {"install": [
@@ -49,7 +36,7 @@ def test_a_relock_pins_every_installed_package_by_hash_but_torch_and_the_unused_
 
 @pytest.mark.parametrize("engine", ["vllm", "openvino"])
 def test_the_committed_locks_pin_every_line_by_hash_and_hold_the_engine(engine):
-    install = _module(DEPLOY / engine / "install.py", f"{engine}_install")
+    install = load_script(DEPLOY / engine / "install.py", f"{engine}_install")
     venv = next(v for v in vars(install).values() if type(v).__name__ == "LockedVenv")
     pins = [line for line in venv.lock.read_text().splitlines() if line and not line.startswith("#")]
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[^\s]+ --hash=sha256:[0-9a-f]{64}", line) for line in pins)

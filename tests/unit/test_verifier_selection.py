@@ -3,27 +3,19 @@ within-question AUC, the method's argmax (first draft on a tie), the majority vo
 chosen-over-oracle share counted only over questions that hold a right and a wrong draft."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import load_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def vs():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("verifier_selection", BENCHMARKS / "verifier_selection.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_script(BENCHMARKS / "verifier_selection.py", "verifier_selection")
 
 
 def _draft(answer: str, rho_draft: float, rho_sc: float, rho_sr: float = -0.5, tokens: int = 10) -> dict:
