@@ -315,8 +315,9 @@ def main() -> int:
             for label, name, extra in variants + ([AGAIN] if args.baseline_again else []):
                 if kind == "cheap" and label not in ("RaLMSeq", "RaLMSpec+F"):
                     continue
-                if backend == "local":
-                    generator.clear_prefix_cache()  # each variant starts as a fresh worker would
+                # each variant starts as a fresh worker would: a warm vLLM server held RaLMSeq's prompts
+                # (question and document) for every later variant (`hit_new_doc` showed it)
+                generator.clear_prefix_cache()
                 method = create_method(name, **settings, **extra)
                 latencies, states = serve(Services(models={"generator": generator}, retriever=retriever),
                                           method, queries, f"{kind} {label}",

@@ -251,6 +251,7 @@ class VllmBackend(ModelBackend):
             self.url = self.server.url
         self._client = _Client.get()
         self._gate = _Gate()
+        self._namespace = ""  # mixed into every cache salt once clear_prefix_cache has been called
 
     # -- tokenisation (the local backend's, so both feed the model the same ids) -----------
     @property
@@ -286,6 +287,13 @@ class VllmBackend(ModelBackend):
         """Close the requests of rows nobody waits for (vLLM aborts a request whose client left)."""
         self._client.loop.abandon(requests)
 
+    def clear_prefix_cache(self) -> None:
+        """Start from an empty prefix cache, as a new worker would (benchmarks compare variants):
+        requests from now on carry a salt of a fresh namespace, so none reuses the blocks of an
+        earlier one. A server the backend shares with others is not reset (vLLM's own reset is a
+        development endpoint); its blocks only age out."""
+        self._namespace = uuid.uuid4().hex
+
     def _call(self, rows: list, call, return_exceptions: bool) -> list:
         return self._client.loop.run_rows(rows, call, return_exceptions)
 
@@ -296,8 +304,11 @@ class VllmBackend(ModelBackend):
                 "return_tokens_as_token_ids": True, "skip_special_tokens": True}
         if r.batch_invariant:  # alone; computed afresh, as a cached prefix's KV came from another shape
             # (with step_cache: from the rows of the same prompt, a RaLM request's earlier steps)
-            body["cache_salt"] = hashlib.sha256(repr(prompt[:len(prompt) - len(r.continuation_ids)]).encode()
-                                                ).hexdigest()[:32] if self.config.step_cache else uuid.uuid4().hex
+            head = repr(prompt[:len(prompt) - len(r.continuation_ids)])
+            body["cache_salt"] = hashlib.sha256((self._namespace + head).encode()).hexdigest()[:32] \
+                if self.config.step_cache else uuid.uuid4().hex
+        elif self._namespace:
+            body["cache_salt"] = self._namespace
         async with self._gate.enter(alone=r.batch_invariant):
             data = await self._post(body)
         choice = data["choices"][0]
@@ -321,6 +332,8 @@ class VllmBackend(ModelBackend):
         if not cont:
             raise ValueError("score: empty continuation")
         body = {"prompt": prompt + cont, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        if self._namespace:
+            body["cache_salt"] = self._namespace
         async with self._gate.enter(alone=False):
             positions = (await self._post(body))["choices"][0]["prompt_logprobs"][len(prompt):]
         lps = [float(pos[str(token)]["logprob"]) for pos, token in zip(positions, cont)]
