@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import REPO, imported_data, markdown_table, publish, shown  # noqa: E402
+from workloads import REPO, imported_data, markdown_table, publish_or_print, shown  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 # (label, a run folder per set under it): the recorded AED-RAG runs
@@ -142,10 +142,7 @@ def main() -> None:
     claim = (f"picks_gold_hit={share('picks %')} top_m_gold_hit={share('retriever top m %')} "
              f"top5_gold_hit={share('top 5 %')}")
     report = "\n".join(markdown_table(table, list(table[0])))
-    if args.results:
-        publish(str(args.results), "AED-RAG: do the utility predictor's picks hold the answer?", setup, report, claim)
-    else:
-        print(f"{setup}\n\n{report}\n\n{claim}")
+    publish_or_print(args.results, "AED-RAG: do the utility predictor's picks hold the answer?", setup, report, claim)
 
 
 if __name__ == "__main__":

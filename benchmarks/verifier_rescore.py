@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import verifier_selection as vs  # noqa: E402
-from workloads import REPO, machine_line, markdown_table, publish  # noqa: E402
+from workloads import REPO, machine_line, markdown_table, publish_or_print  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "verifier_rescore"
 VERIFIER = "qwen2.5-coder-1.5b-instruct"
@@ -157,12 +157,9 @@ def report(args) -> None:
     total = {n: pooled[n][0] / pooled[n][1] for n in pooled}
     claim = (f"questions={pooled[best][1]} default_chosen_over_oracle={total['sum (default)']:.3f} "
              f"best_score={best.replace(' ', '_')} best_chosen_over_oracle={total[best]:.3f}")
-    if args.results:
-        publish(str(args.results), "Speculative RAG: verifier scores over the recorded drafts", setup, report, claim,
-                command="python benchmarks/verifier_rescore.py --set SET --threads 2, then "
-                        "python benchmarks/verifier_rescore.py --report --results benchmarks/results/verifier_rescore.md")
-    else:
-        print(f"{setup}\n\n{report}\n\n{claim}")
+    publish_or_print(args.results, "Speculative RAG: verifier scores over the recorded drafts", setup, report, claim,
+                     command="python benchmarks/verifier_rescore.py --set SET --threads 2, then python "
+                             "benchmarks/verifier_rescore.py --report --results benchmarks/results/verifier_rescore.md")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

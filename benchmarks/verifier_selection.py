@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import REPO, markdown_table, publish  # noqa: E402
+from workloads import REPO, markdown_table, publish_or_print  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 # run folder of each set: the suite's slug of its name -> the imported set holding its gold answers
@@ -192,10 +192,7 @@ def main() -> None:
     claim = (f"chosen_over_oracle={tuned['sum (default)']:.3f} best_score={best.replace(' ', '_')} "
              f"best_chosen_over_oracle={tuned[best]:.3f}")
     report = "\n".join(lines).rstrip()
-    if args.results:
-        publish(str(args.results), "Speculative RAG: which score picks the right draft", setup, report, claim)
-    else:
-        print(f"{setup}\n\n{report}\n\n{claim}")
+    publish_or_print(args.results, "Speculative RAG: which score picks the right draft", setup, report, claim)
 
 if __name__ == "__main__":
     main()

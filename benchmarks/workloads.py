@@ -297,6 +297,15 @@ def recorded() -> str:
 READING = "\n## Reading"
 
 
+def publish_or_print(results: str | None, title: str, setup: str, report: str, last_line: str,
+                     command: str | None = None) -> None:
+    """``publish`` to ``results``, or with none print the whole record (a look without writing)."""
+    if results:
+        publish(str(results), title, setup, report, last_line, command)
+    else:
+        print(f"{setup}\n\n{report}\n\n{last_line}")
+
+
 def publish(results: str, title: str, setup: str, report: str, last_line: str, command: str | None = None) -> None:
     """Print the report and its last line; record both with the command that made them.
 
