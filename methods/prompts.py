@@ -24,7 +24,10 @@ INSTRUCTIONS = {
 MAX_NEW_TOKENS = {"short_form": 32, "multiple_choice": 24, "claim_verification": 16, "long_form": 200}
 
 
-def format_documents(docs: Sequence[Any], max_chars: int = 1200) -> str:
+DOCUMENT_CHARS = 1200  # a document longer than this is clipped at a word in the prompt
+
+
+def format_documents(docs: Sequence[Any], max_chars: int = DOCUMENT_CHARS) -> str:
     """Numbered documents with titles; long passages are clipped so prompts stay bounded."""
     lines = []
     for i, d in enumerate(docs, 1):
