@@ -37,6 +37,9 @@ class SPSConfig(MethodConfig):
     staged_retrieval: bool = True  # ablation: False = static retrieval (question only)
     selection: str = "self_consistency"  # ablation: random
     subset_mode: str = "multi_perspective"  # ablation: random
+    # the paper's prompt (Appendix A): instruction, question, then the subset's documents, so a stage's
+    # m candidates share a prefix (vLLM caches it once); False: the other methods' order, documents first
+    question_first: bool = True
     seed: int = 0
     # closed-set tasks: one stage whose candidates are the options each subset scores highest,
     # kept by the same self-consistency (a majority vote), or "generate": parsed from free text
@@ -197,7 +200,7 @@ class StagedLoop(Stage):
     async def _candidates(self, item, ctx, docs, answer, budget, rng):
         c, q = self.config, item.query
         sampled = sample_subsets(await self._doc_vectors(ctx, docs), c.groups, c.candidates, int(rng.integers(2 ** 63)), c.subset_mode)
-        requests = [GenerateRequest(build_prompt(q, [docs[i] for i in s]), max_new_tokens=budget,
+        requests = [GenerateRequest(build_prompt(q, [docs[i] for i in s], c.question_first), max_new_tokens=budget,
                                     stop=STOP[q["task_type"]], continuation_ids=tuple(answer)) for s in sampled.subsets]
         return sampled.subsets, list(await asyncio.gather(*(ctx.generate(r) for r in requests)))
 
