@@ -19,3 +19,11 @@ def test_question_first_prompts_of_one_question_share_the_instruction_and_questi
     assert a == shared + "Title: first text\nAnswer:" and b == shared + "second text\nAnswer:"
     assert build_prompt(QUERY, question_first=True) == build_prompt(QUERY)  # no documents: one layout
     assert SPSConfig().question_first  # SPS writes its candidates with the paper's prompt
+
+
+def test_a_stages_subsets_list_the_documents_more_of_them_share_first():
+    from specrag.methods.sps import shared_first
+    # one document per k-means group: 7 and 9 are singletons, in every subset
+    subsets = [[0, 7, 3, 9], [1, 7, 3, 9], [0, 7, 4, 9]]
+    assert shared_first(subsets) == [[7, 9, 0, 3], [7, 9, 3, 1], [7, 9, 0, 4]]
+    assert [sorted(s) for s in shared_first(subsets)] == [sorted(s) for s in subsets]  # the same sets
