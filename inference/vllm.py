@@ -60,6 +60,9 @@ class VllmTimeout(VllmError, TimeoutError):
     """A request ran past its timeout."""
 
 
+CPU_BLOCK_SIZE = 128  # vLLM's own KV block on a CPU: its prefix cache serves whole blocks only
+
+
 @dataclass(frozen=True)
 class VllmConfig:
     """Where the engine runs and how patient to be with it."""
@@ -77,7 +80,7 @@ class VllmConfig:
     # question and document) instead of prefilling it again: exact in every run measured, not by
     # construction (docs/guide/vllm.md)
     step_cache: bool = False
-    # tokens per KV block of a started server (None: vLLM's own, 128 on a CPU). Only whole blocks are
+    # tokens per KV block of a started server (None: vLLM's own, CPU_BLOCK_SIZE on a CPU). Only whole blocks are
     # cached, so a RaLM step recomputes the tail of its prompt past the last whole block: smaller
     # blocks leave less to recompute (a results file, not this default, says what pays)
     block_size: int | None = None

