@@ -79,15 +79,19 @@ def popqa_bm25(data_dir: str, n: int, prefix: str):
     return work, retriever, queries[:n]
 
 
-def drafting_workload(data_dir: str, dtype: str, threads: int):
+def drafting_workload(data_dir: str, dtype: str, threads: int, generator: str = "smollm2-135m-instruct",
+                      backend: str = "local", configs: tuple = ()):
     """(work folder, imported data folder, Services) shared by the Speculative RAG and SPS
-    benchmarks: BM25 over the pooled corpus; SmolLM2 as generator and drafter, Gemma-3 as
-    verifier, MiniLM as embedder; loaded once."""
+    benchmarks: BM25 over the pooled corpus; SmolLM2 (or ``generator``) as generator and drafter,
+    Gemma-3 as verifier (with another generator: the generator itself), MiniLM as embedder; loaded
+    once. ``backend`` serves the generator and verifier (``configs``: its own settings); the
+    embedder is the embedded engine's."""
     from specrag.importers import import_datasets
     from specrag.inference import Services
     from specrag.inference.local import LocalBackend, LocalModelConfig
     from specrag.pipelines.build_index import run_build_index
     from specrag.retrieval import open_retriever
+    from specrag.transforms.runtime import load_backend
     work = Path(os.environ.get("SPECRAG_BENCH_DIR", "/tmp/specrag-srag-bench"))
     data = work / "data"
     if not (data / "pooled_corpus.parquet").exists():
@@ -95,11 +99,12 @@ def drafting_workload(data_dir: str, dtype: str, threads: int):
     if not (work / "index" / "manifest.json").exists():
         run_build_index(str(data / "pooled_corpus.parquet"), str(work / "index"), ["bm25"])
 
-    def load(name: str, model_dtype: str = dtype):
-        return LocalBackend(LocalModelConfig(name, num_threads=threads, dtype=model_dtype))
-    small = load("smollm2-135m-instruct")
-    services = Services(models={"generator": small, "drafter": small, "verifier": load("gemma3-270m"),
-                                "embedder": load("all-minilm-l6-v2", "float32")},
+    def load(name: str):
+        return load_backend(backend, name, threads, dtype, configs=configs)
+    model = load(generator)
+    verifier = load("gemma3-270m") if generator == "smollm2-135m-instruct" else model
+    embedder = LocalBackend(LocalModelConfig("all-minilm-l6-v2", num_threads=threads, dtype="float32"))
+    services = Services(models={"generator": model, "drafter": model, "verifier": verifier, "embedder": embedder},
                         retriever=open_retriever(work / "index", "bm25"))
     return work, data, services
 
@@ -206,9 +211,11 @@ class _Measured(dict):
     stamp: int | None = None
 
 
-def cache_file(work: Path, dataset: str, method, dtype: str, threads: int) -> Path:
-    """Where one (dataset, method settings, model dtype, threads) series of measurements is kept."""
-    return work / "measured" / dataset / f"{method.name}-{method.fingerprint()}-{dtype}-t{threads}.pkl"
+def cache_file(work: Path, dataset: str, method, dtype: str, threads: int, serving: str = "") -> Path:
+    """Where one (dataset, method settings, model dtype, threads) series of measurements is kept;
+    ``serving`` names anything else that changes them (the backend, the models), "" for the defaults."""
+    tag = f"-{serving}" if serving else ""
+    return work / "measured" / dataset / f"{method.name}-{method.fingerprint()}-{dtype}-t{threads}{tag}.pkl"
 
 
 def ablation_rounds(n: int, step: int = 10) -> list[int]:
