@@ -117,7 +117,7 @@ def synthesize(minutes: float, threads: int, in_flight: int, until_kept: int | N
 DRAFTER_BASE = "qwen2.5-coder-0.5b-instruct"
 TRAINING = ("--lora-rank", "8", "--lora-alpha", "16", "--compute-dtype", "bfloat16", "--option-orders", "2",
             "--epochs", "2", "--batch-size", "8", "--micro-batch", "2", "--learning-rate", "2e-4", "--held-out", "0.03",
-            "--checkpoint-every", "20")
+            "--checkpoint-every", "40")
 
 
 def rationale_subset(n: int | None, refresh: bool = False) -> Path:

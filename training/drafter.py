@@ -193,15 +193,20 @@ def accumulated_loss(model, batch, pad_id: int, config: "DrafterTrainingConfig")
     return torch.tensor(total / tokens)
 
 
-def held_out_loss(model, rows, pad_id: int, batch_size: int) -> float | None:
+def held_out_loss(model, rows, pad_id: int, config: "DrafterTrainingConfig") -> float | None:
+    """The held-out examples' per-token response loss, computed as training computes it (its
+    matmul dtype) and in passes of like-length examples: in float32 and in random order, 94
+    examples cost the 0.5B about 6 minutes at every checkpoint, most of a 20-step interval's time."""
     import torch
     if not rows:
         return None
+    rows = sorted(rows, key=lambda row: len(row[0]) + len(row[1]))  # a sum: the order only pads less
     total, tokens = 0.0, 0
     model.eval()
-    with torch.inference_mode():
-        for s in range(0, len(rows), batch_size):
-            loss, n = response_loss(model, rows[s:s + batch_size], pad_id, reduction="sum")
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                enabled=config.compute_dtype == "bfloat16"):
+        for s in range(0, len(rows), config.batch_size):
+            loss, n = response_loss(model, rows[s:s + config.batch_size], pad_id, reduction="sum")
             total, tokens = total + float(loss), tokens + n
     return round(total / max(1, tokens), 5)
 
@@ -254,7 +259,7 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     identity = content_key(config, model_identity(base), examples)
     resumed = load_state(state_dir, identity)
     if resumed is None:
-        report.held_out_loss_untrained = held_out_loss(model, held_rows, pad_id, config.batch_size)
+        report.held_out_loss_untrained = held_out_loss(model, held_rows, pad_id, config)
         say(f"held-out response loss, untrained: {report.held_out_loss_untrained}")
         order, done, best, best_weights, earlier_wall = [], 0, {"score": [float("inf")], "step": 0}, None, 0.0
     else:
@@ -292,7 +297,7 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
                     f"last {len(recent)}), {per_step:.1f} s/step, {duration((total - s - 1) * per_step)} of steps left")
             checkpoint = (s + 1) % every == 0 or s + 1 == total
             if checkpoint:
-                loss_now = held_out_loss(model, held_rows, pad_id, config.batch_size)
+                loss_now = held_out_loss(model, held_rows, pad_id, config)
                 report.checkpoints.append({"step": s + 1, "held_out_loss": loss_now})
                 score = [loss_now if loss_now is not None else float(np.mean(report.step_loss[-per_epoch:]))]
                 if score < best["score"]:
