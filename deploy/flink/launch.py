@@ -230,16 +230,36 @@ def stop_all(processes: dict[str, subprocess.Popen], timeout: float = 30) -> Non
                 proc.wait()
 
 
-def stop_recorded(state: Path, not_running: str) -> None:
-    """`stop` of a detached start: SIGTERM to each process group its state file records."""
+def stop_recorded(state: Path, not_running: str, timeout: float = 30) -> None:
+    """`stop` of a detached start: SIGTERM to each process group its state file records, and a
+    wait (up to ``timeout``) for them to go, so that their files can be removed after."""
     if not state.is_file():
         raise SystemExit(not_running)
-    for pid in json.loads(state.read_text())["pids"].values():
+    pids = list(json.loads(state.read_text())["pids"].values())
+    for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    deadline = time.time() + timeout
+    while pids and time.time() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.2)
     state.unlink()
+
+
+def _alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def scratch(folder: Path) -> Path:
+    """A cluster's temporary files (every JVM's ``java.io.tmpdir`` and Flink's ``io.tmp.dirs``):
+    inside its folder, so that stopping it removes them."""
+    return folder / "tmp"
 
 
 class Cluster:
@@ -256,6 +276,7 @@ class Cluster:
         self._tm_ports: dict[str, int] = {}  # each TaskManager's RPC port, this start's
         self._classpath = CLASSPATH.read_text().strip() if CLASSPATH.is_file() else ""
         self._stage_no_jars = False  # what the job server started with holds (start)
+        self.scratch = scratch(self.folder)
 
     # -- configuration ------------------------------------------------------------------
     def write_config(self) -> Path:
@@ -277,12 +298,16 @@ class Cluster:
             # Beam's runner is on the TaskManagers' classpath and in each job's jar: child-first
             # loading split its vendored gRPC across two loaders (IllegalAccessError in the logs)
             "classloader.resolve-order": "parent-first",
+            # each TaskManager's working folder keeps every job's jars (~150 MB a job) for an hour
+            # and a killed one never removes it: in /tmp, a day of tests left tens of GB
+            "io.tmp.dirs": str(self.scratch),
         }
         (conf / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
         return conf
 
     def _java(self, name: str, args: list[str]) -> subprocess.Popen:
-        return start_java(self.folder, name, args, self.env, self.processes)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        return start_java(self.folder, name, [f"-Djava.io.tmpdir={self.scratch}", *args], self.env, self.processes)
 
     def _taskmanager_flags(self, conf: Path) -> tuple[list[str], list[str]]:
         """The JVM flags and the ``-D`` memory settings Flink's scripts compute for a TaskManager."""
@@ -388,6 +413,7 @@ class Cluster:
     def stop(self) -> None:
         stop_all(self.processes)
         (self.folder / "cluster.json").unlink(missing_ok=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def describe(self) -> dict:
         return {"rest": f"http://127.0.0.1:{self.rest_port}", "job_endpoint": f"127.0.0.1:{self.job_port}",
@@ -457,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
               f"jobs: specrag ... {' '.join(cluster.flags())}")
     elif args.command == "stop":
         stop_recorded(state, "no cluster is running")
+        shutil.rmtree(scratch(args.folder), ignore_errors=True)
     elif args.command == "flags":
         if not state.is_file():
             raise SystemExit("no cluster is running: `python deploy/flink/launch.py start`")

@@ -40,6 +40,7 @@ def flink(tmp_path_factory):
     assert cluster.overview()["flink-version"].startswith(launch.FLINK_VERSION)
     yield cluster
     cluster.stop()
+    assert not cluster.scratch.exists()  # its jobs' jars went with it (not left in /tmp)
 
 
 @pytest.fixture(autouse=True)
@@ -197,6 +198,12 @@ def test_every_other_answer_method_on_prism_and_flink_equals_the_fnapi_runner(
     assert len(answers["fnapi"]) == 3 and all(parts[0] for parts in traced["fnapi"].values())
     assert answers["prism"] == answers["fnapi"] and traced["prism"] == traced["fnapi"]
     assert answers["flink"] == answers["fnapi"] and traced["flink"] == traced["fnapi"]
+
+
+def test_the_clusters_temporary_files_are_in_its_folder(flink):
+    """Each TaskManager's working folder, which keeps every job's jars, is in the cluster's
+    scratch folder, which `stop` removes (the fixture checks that)."""
+    assert sorted(p.name for p in flink.scratch.glob("tm_*")) == ["tm_taskmanager-1", "tm_taskmanager-2"]
 
 
 def test_build_index_on_flink_is_byte_identical(flink, demo_tables, demo_index, tmp_path):
