@@ -545,10 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as e:  # everything was written; too many inputs failed (or some were lost)
         print(f"specrag {args.command}: failed: {e}", file=sys.stderr)
         return 1
-    except (KeyboardInterrupt, RuntimeError) as e:
-        # Ctrl-C reaches a Beam job as a KeyboardInterrupt that Beam re-raises as a RuntimeError
-        # naming it; the run folder's transaction has already ended (lease released)
-        if not isinstance(e, KeyboardInterrupt) and not str(e).startswith("KeyboardInterrupt"):
+    except (KeyboardInterrupt, RuntimeError) as e:  # the run folder's transaction has ended (lease released)
+        from specrag.transforms.progress import is_interrupt
+        if not is_interrupt(e):
             raise
         from specrag.inference.engine import close_engines
         close_engines()  # else the exit waits for every queued model call

@@ -207,6 +207,13 @@ class ProgressWatcher:
                   f"({finished / elapsed if elapsed else 0:.2f} {self.unit}/s)", file=self.stream, flush=True)
 
 
+def is_interrupt(error: BaseException) -> bool:
+    """Ctrl-C: a KeyboardInterrupt, or the RuntimeError naming one that Beam re-raises when the
+    interrupt lands inside a DoFn (``_reraise_augmented`` cannot rebuild a KeyboardInterrupt)."""
+    return isinstance(error, KeyboardInterrupt) or (
+        isinstance(error, RuntimeError) and str(error).startswith("KeyboardInterrupt"))
+
+
 @contextlib.contextmanager
 def watch_progress(job: str, output: str, total: int | None, unit: str = "queries",
                    interval_s: float | None = None, stream: TextIO | None = None,
@@ -221,8 +228,8 @@ def watch_progress(job: str, output: str, total: int | None, unit: str = "querie
     try:
         yield watcher
         outcome = "finished"
-    except KeyboardInterrupt:
-        outcome = "interrupted"
+    except BaseException as error:
+        outcome = "interrupted" if is_interrupt(error) else "failed"
         raise
     finally:
         watcher.stop(outcome)

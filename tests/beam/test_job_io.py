@@ -576,8 +576,11 @@ def test_sigint_stops_a_batch_answer_in_seconds_with_one_line_and_resume_finishe
     out = tmp_path / "out"
     args = ["answer", "--queries", str(tmp_path / "q.parquet"), "--index", str(demo_index), "--output", str(out),
             "--method", "standard", "--threads", "1", "--shard_rows", "1"]
+    # SIGINT's default action, whatever this process inherited (a shell's `cmd &` runs pytest with
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler in the job)
     proc = subprocess.Popen([str(Path(sys.executable).parent / "specrag"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 300
         while not list(out.glob("results-*.parquet")) and time.time() < deadline:
@@ -595,6 +598,7 @@ def test_sigint_stops_a_batch_answer_in_seconds_with_one_line_and_resume_finishe
     assert "Traceback" not in output, output[-3000:]
     last = output.strip().splitlines()[-1]
     assert last.startswith("specrag answer: interrupted") and "--resume" in last, last
+    assert "(interrupted)" in output.strip().splitlines()[-2], output[-3000:]  # the progress line's why
     assert not (out / LEASE_FILE).exists()
     assert main([*args, "--resume"]) == 0
     assert sorted(r["id"] for r in _read(out, "results")) == sorted(r["id"] for r in many)
