@@ -17,7 +17,7 @@ mid-write, and the next call resumes where it stopped.
 Training (the paper's data-scaling points, its Table 9): Qwen2.5-Coder-0.5B-Instruct tuned on the
 first ``--examples`` kept rationales of both syntheses in a seeded order (drawn once the synthesis is done, 500 ⊂ 1,000 ⊂ all),
 a LoRA adapter of rank 8 on every linear layer, bf16 matmuls, each ARC question in 2 orders of
-its options, 2 epochs of batch 8 (the first drafter's recipe otherwise), checkpointed every 20
+its options, 2 epochs of batch 8 (the first drafter's recipe otherwise), checkpointed every 40
 steps under runs/full/drafter/qwen-0.5b-lora-<N>.partial; ``--minutes`` stops it at the deadline
 (SIGTERM: its state saved after the step in flight) and the next call resumes from there. A step costs 27.8 s on 2 threads of the AVX-512
 EPYC in forward passes of 2 (benchmarks/results/drafter_step_cost.md): 500 rationales ≈ 1 hour,
@@ -189,6 +189,44 @@ def sitting_text(rates: list[dict]) -> str:
     return "; ".join(f"{x['verdicts']} verdicts in {x['hours']} h ({x['per_hour']}/h)" for x in rates) or "none"
 
 
+def training_report(n: int | None) -> tuple[str, dict] | None:
+    """("finished" | "in progress", the training report) of the drafter on ``n`` rationales: its
+    manifest's once it has finished, else its last checkpoint's; None before it starts."""
+    from specrag.training.drafter import MANIFEST
+    from specrag.training.state import STATE_FILE, partial_dir
+    folder = WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}"
+    if (folder / MANIFEST).is_file():
+        return "finished", json.loads((folder / MANIFEST).read_text())["report"]
+    if (partial_dir(folder) / STATE_FILE).is_file():
+        import torch
+        return "in progress", torch.load(partial_dir(folder) / STATE_FILE, weights_only=False)["report"]
+    return None
+
+
+def training_lines(window: int = 40) -> list[str]:
+    """The drafters' training so far: steps, time, the loss by ``window`` steps, held-out loss."""
+    rows = []
+    for n in (500, 1000, None):
+        found = training_report(n)
+        if found is None:
+            rows.append(f"| {n or 'all'} | not started | | | | |")
+            continue
+        state, r = found
+        steps, loss = len(r["step_loss"]), r["step_loss"]
+        curve = " ".join(f"{sum(loss[i:i + window]) / len(loss[i:i + window]):.3f}" for i in range(0, steps, window))
+        held = " → ".join([f"{r['held_out_loss_untrained']:.3f}"]
+                          + [f"{c['held_out_loss']:.3f} (step {c['step']})" for c in r["checkpoints"]])
+        recipe = lambda flag: int(TRAINING[TRAINING.index(flag) + 1])  # noqa: E731
+        # a checkpoint written before reports carried total_steps: the recipe's count (training/drafter.py)
+        total = r.get("total_steps") or -(-r["examples"] // recipe("--batch-size")) * recipe("--epochs")
+        rows.append(f"| {n or 'all'} ({r['examples']} examples) | {state}: step {steps}/{total} | "
+                    f"{r['wall_s'] / 3600:.2f} h ({r['wall_s'] / max(steps, 1):.1f} s/step) | {curve} | {held} | "
+                    f"{', '.join(map(str, r['resumed_at'])) or 'none'} |")
+    return ["## Training (the paper's data-scaling points: ~500, ~1,000 and all rationales)", "",
+            f"| rationales | steps | wall time | training loss, mean of each {window} steps | held-out response loss "
+            "(untrained → checkpoints) | resumed at |", "|---|---|---|---|---|---|", *rows]
+
+
 def report() -> None:
     """benchmarks/results/speculative_rag_pays.md: the data and the drafter so far (the suites'
     tables join it once they have run)."""
@@ -215,7 +253,7 @@ def report() -> None:
              + (f". At {per_hour or '?'} verdicts an hour the {left} questions left take "
                 f"{f'{left / per_hour:.1f}' if per_hour else '?'} hours; kept so far " if left else
                 f"; finished at {per_hour} verdicts an hour in all; kept ")
-             + f"{first['kept'] + now['kept']} of the 2,000 the issue asks for."]
+             + f"{first['kept'] + now['kept']} of the 2,000 the issue asks for.", "", *training_lines()]
     claim = ("specrag_minus_standard=na latency_ratio=na chosen_over_oracle=na sets_better=na "
              f"rationales_kept={first['kept'] + now['kept']}")
     publish(str(REPO / "benchmarks" / "results" / "speculative_rag_pays.md"),

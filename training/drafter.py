@@ -99,6 +99,7 @@ class DrafterReport:
     held_out_loss_trained: float | None = None
     resumed_at: list[int] = field(default_factory=list)
     wall_s: float = 0.0
+    total_steps: int = 0  # of the whole run (what a checkpoint's report is a part of)
 
 
 def option_orders(choices: Sequence[str], labels: Sequence[str], answer: str, rationale: str, orders: int,
@@ -274,7 +275,7 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
         report.resumed_at.append(done)
         earlier_wall = report.wall_s
         say(f"drafter training: resumed from {state_dir} at step {done}")
-    resumed = None
+    resumed, report.total_steps = None, total
     every = config.checkpoint_every or total
     spent = 0.0
     with stop_on_signals() as stop:

@@ -215,6 +215,7 @@ def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(dem
     assert (partial_dir(tmp_path / "b") / "state.pt").is_file()
     resumed = train_drafter(examples, config, tmp_path / "b", base=str(tiny_llama_folder))
     assert resumed.resumed_at == [2] and resumed.step_loss == whole.step_loss
+    assert whole.total_steps == resumed.total_steps == len(whole.step_loss)  # what a checkpoint is a part of
     assert resumed.held_out_loss_trained < resumed.held_out_loss_untrained
 
     def signalled_at_the_second_checkpoint(line: str) -> None:
