@@ -2,7 +2,7 @@
 
     python benchmarks/speculative_rag_pays.py synthesize --minutes 120   # resumable; stops itself
     python benchmarks/speculative_rag_pays.py status                     # kept so far, the rate
-    python benchmarks/speculative_rag_pays.py train --examples 500 --minutes 120   # resumable too
+    python benchmarks/speculative_rag_pays.py train --examples all,1000,500 --minutes 120   # resumable too
 
 Synthesis: the drafter_train questions that the first tuned drafter's synthesis
 (benchmarks/results/drafter/synthesis: the first 150 of each training set, local backend, 454
@@ -162,8 +162,24 @@ def train(n: int | None, minutes: float, threads: int, refresh: bool = False) ->
         except subprocess.TimeoutExpired:  # a kill: the last checkpoint stays
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        print(f"stopped after {minutes} minutes; run again to resume from {partial_dir(folder)}", flush=True)
+        print(f"stopped after {minutes:.0f} minutes; run again to resume from {partial_dir(folder)}", flush=True)
     return folder
+
+
+def train_points(points: list[int | None], minutes: float, threads: int, refresh: bool = False) -> None:
+    """Train the drafters on each of ``points`` rationales in turn (a finished one is skipped), all
+    within ``minutes``: one command carries the data-scaling points on from session to session."""
+    from specrag.training.drafter import MANIFEST
+    deadline = time.time() + 60 * minutes
+    for n in points:
+        if (WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}" / MANIFEST).is_file():
+            print(f"the drafter on {n or 'all'} rationales is trained", flush=True)
+            continue
+        left = (deadline - time.time()) / 60
+        if left < 5:  # loading the model and a first step take minutes: leave it to the next call
+            break
+        if not (train(n, left, threads, refresh) / MANIFEST).is_file():
+            break  # stopped at the deadline (its state saved)
 
 
 def sittings(gap_s: float = 600) -> list[dict]:
@@ -286,7 +302,8 @@ def main() -> None:
     sub.add_parser("status", help="verdicts so far and the rate")
     sub.add_parser("report", help="record benchmarks/results/speculative_rag_pays.md from what exists")
     t = sub.add_parser("train", help="train or resume the 0.5B drafter on --examples rationales")
-    t.add_argument("--examples", default="all", help="500, 1000, ... or all (nested subsets)")
+    t.add_argument("--examples", default="all",
+                   help="500, 1000, ... or all (nested subsets); several, comma-separated, are trained in turn")
     t.add_argument("--minutes", type=float, default=60)
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--refresh", action="store_true", help="rebuild the synthesis' rationale table first")
@@ -296,7 +313,8 @@ def main() -> None:
     elif args.step == "report":
         report()
     elif args.step == "train":
-        train(None if args.examples == "all" else int(args.examples), args.minutes, args.threads, args.refresh)
+        points = [None if x == "all" else int(x) for x in args.examples.split(",")]
+        train_points(points, args.minutes, args.threads, args.refresh)
     else:
         print(json.dumps(status(), indent=2))
 
