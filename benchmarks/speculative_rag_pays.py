@@ -142,11 +142,16 @@ def rationale_subset(n: int | None, refresh: bool = False) -> Path:
     return out
 
 
+def drafter_folder(n: int | None) -> Path:
+    """Where the drafter tuned on ``n`` rationales (all: None) is trained."""
+    return WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}"
+
+
 def train(n: int | None, minutes: float, threads: int, refresh: bool = False) -> Path:
     """Train (or resume) the 0.5B drafter on ``n`` rationales for at most ``minutes``."""
     from specrag.training.state import partial_dir
     rationales = rationale_subset(n, refresh)
-    folder = WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}"
+    folder = drafter_folder(n)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "specrag.pipelines.cli", "train-drafter", "--rationales", str(rationales),
            "--output", str(folder), "--base", DRAFTER_BASE, *TRAINING, "--threads", str(threads),
@@ -172,7 +177,7 @@ def train_points(points: list[int | None], minutes: float, threads: int, refresh
     from specrag.training.drafter import MANIFEST
     deadline = time.time() + 60 * minutes
     for n in points:
-        if (WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}" / MANIFEST).is_file():
+        if (drafter_folder(n) / MANIFEST).is_file():
             print(f"the drafter on {n or 'all'} rationales is trained", flush=True)
             continue
         left = (deadline - time.time()) / 60
@@ -210,7 +215,7 @@ def training_report(n: int | None) -> tuple[str, dict] | None:
     manifest's once it has finished, else its last checkpoint's; None before it starts."""
     from specrag.training.drafter import MANIFEST
     from specrag.training.state import STATE_FILE, partial_dir
-    folder = WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}"
+    folder = drafter_folder(n)
     if (folder / MANIFEST).is_file():
         return "finished", json.loads((folder / MANIFEST).read_text())["report"]
     if (partial_dir(folder) / STATE_FILE).is_file():
