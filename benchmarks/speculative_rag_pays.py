@@ -19,9 +19,11 @@ first ``--examples`` kept rationales of both syntheses in a seeded order (drawn 
 a LoRA adapter of rank 8 on every linear layer, bf16 matmuls, each ARC question in 2 orders of
 its options, 2 epochs of batch 8 (the first drafter's recipe otherwise), checkpointed every 40
 steps under runs/full/drafter/qwen-0.5b-lora-<N>.partial; ``--minutes`` stops it at the deadline
-(SIGTERM: its state saved after the step in flight) and the next call resumes from there. A step costs 27.8 s on 2 threads of the AVX-512
-EPYC in forward passes of 2 (benchmarks/results/drafter_step_cost.md): 500 rationales ≈ 1 hour,
-2,400 ≈ 4.6 hours, held-out checks on top.
+(SIGTERM: its state saved after the step in flight) and the next call resumes from there. That state
+is also copied to benchmarks/results/speculative_rag_pays/training/ to be committed, since runs/ is
+not: a session on another machine resumes from the copy. A step costs 27.8 s on 2 threads of the
+AVX-512 EPYC in forward passes of 2 (benchmarks/results/drafter_step_cost.md), 17.8 s on the AMX
+Xeon: 500 rationales ≈ 1 hour, 2,400 ≈ 4.6 hours on the EPYC, held-out checks on top.
 """
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ WORK = Path("runs/full")
 OUT = REPO / "benchmarks" / "results" / "speculative_rag_pays"
 SYNTHESIS = OUT / "synthesis"
 SITTINGS = OUT / "sittings.json"  # the sittings, kept: compacting the finished run drops the timed shard names
+# a stopped training run's state, copied where git keeps it: runs/ is not committed, and a session on
+# another machine resumes from this copy instead of from step 0
+KEPT_STATES = OUT / "training"
 QUESTIONS = WORK / "drafter" / "train-rest.parquet"
 
 
@@ -147,11 +152,22 @@ def drafter_folder(n: int | None) -> Path:
     return WORK / "drafter" / f"qwen-0.5b-lora-{n or 'all'}"
 
 
+def kept_state(n: int | None) -> Path:
+    """The committed copy of the training state of the drafter on ``n`` rationales."""
+    return KEPT_STATES / f"{drafter_folder(n).name}.state.pt"
+
+
 def train(n: int | None, minutes: float, threads: int, refresh: bool = False) -> Path:
-    """Train (or resume) the 0.5B drafter on ``n`` rationales for at most ``minutes``."""
-    from specrag.training.state import partial_dir
+    """Train (or resume) the 0.5B drafter on ``n`` rationales for at most ``minutes``; a run
+    stopped at the deadline leaves its state in ``kept_state(n)`` too, to commit."""
+    import shutil
+    from specrag.training.state import STATE_FILE, partial_dir
     rationales = rationale_subset(n, refresh)
     folder = drafter_folder(n)
+    if not (partial_dir(folder) / STATE_FILE).is_file() and kept_state(n).is_file():
+        partial_dir(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(kept_state(n), partial_dir(folder) / STATE_FILE)
+        print(f"resuming from the committed state {kept_state(n)}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "specrag.pipelines.cli", "train-drafter", "--rationales", str(rationales),
            "--output", str(folder), "--base", DRAFTER_BASE, *TRAINING, "--threads", str(threads),
@@ -168,6 +184,14 @@ def train(n: int | None, minutes: float, threads: int, refresh: bool = False) ->
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         print(f"stopped after {minutes:.0f} minutes; run again to resume from {partial_dir(folder)}", flush=True)
+        if (partial_dir(folder) / STATE_FILE).is_file():
+            KEPT_STATES.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(partial_dir(folder) / STATE_FILE, kept_state(n))
+            print(f"its state copied to {kept_state(n)}: commit it", flush=True)
+    else:
+        from specrag.training.drafter import MANIFEST
+        if (folder / MANIFEST).is_file():  # finished: the trained drafter's folder supersedes the copy
+            kept_state(n).unlink(missing_ok=True)
     return folder
 
 
