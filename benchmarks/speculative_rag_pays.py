@@ -3,6 +3,7 @@
     python benchmarks/speculative_rag_pays.py synthesize --minutes 120   # resumable; stops itself
     python benchmarks/speculative_rag_pays.py status                     # kept so far, the rate
     python benchmarks/speculative_rag_pays.py train --examples all,1000,500 --minutes 120   # resumable too
+    python benchmarks/speculative_rag_pays.py selection-queries          # questions for choosing the score
 
 Synthesis: the drafter_train questions that the first tuned drafter's synthesis
 (benchmarks/results/drafter/synthesis: the first 150 of each training set, local backend, 454
@@ -211,6 +212,61 @@ def train_points(points: list[int | None], minutes: float, threads: int, refresh
             break  # stopped at the deadline (its state saved)
 
 
+SELECTION = WORK / "drafter" / "selection"  # <set>.parquet: questions for choosing the verifier's score
+SELECTION_IDS = OUT / "selection_ids.json"  # which of them were held out and which had no kept rationale
+
+
+def _flag(name: str) -> str:
+    return TRAINING[TRAINING.index(name) + 1]
+
+
+def held_out_ids() -> set[str]:
+    """The question ids whose rationales the drafter on all rationales held out: the examples and
+    the split as `train-drafter` makes them (pipelines/drafter.py, training/state.py)."""
+    import pyarrow.parquet as pq
+    from specrag.evaluation.splits import evaluation_ids
+    from specrag.pipelines.drafter import validate_rationale
+    from specrag.schemas.validation import RowError
+    from specrag.training.drafter import DrafterTrainingConfig
+    from specrag.training.state import split_held_out
+    rows = sorted(pq.read_table(rationale_subset(None)).to_pylist(), key=lambda r: str(r.get("id")))
+    evaluation, examples = evaluation_ids(), []
+    for row in rows:
+        try:
+            examples += validate_rationale(row, evaluation, int(_flag("--option-orders")))
+        except RowError:  # a dead letter of the training run: no example there either
+            continue
+    return {e.id for e in split_held_out(examples, float(_flag("--held-out")), DrafterTrainingConfig.seed)[1]}
+
+
+def selection_queries(per_set: int = 100) -> dict[str, dict[str, list[str]]]:
+    """Per training set, up to ``per_set`` drafter_train questions the tuned drafter never learnt
+    from, as ``SELECTION/<set>.parquet``: the questions of its held-out rationales first, then
+    those with no kept rationale (in file order). Deliver 1 chooses the verifier's default score
+    on their traces, not on the evaluation questions. The second kind leans hard: the teacher's
+    rationale for them failed the filters or was never written, and the teacher is the verifier;
+    the ids of each kind go to ``SELECTION_IDS`` so that the choice can be read on the first alone."""
+    import pyarrow.parquet as pq
+    from drafter import TRAIN_SETS
+    from specrag.evaluation.splits import load_split
+    data = imported_data(WORK, str(REPO.parent / "shared" / "data"))
+    train = set(load_split("drafter_train"))
+    kept = {r["id"] for r in pq.read_table(rationale_subset(None), columns=["id"]).to_pylist()}
+    held = held_out_ids()
+    SELECTION.mkdir(parents=True, exist_ok=True)
+    ids = {}
+    for name in TRAIN_SETS:
+        table = pq.read_table(data / name / "queries.parquet")
+        rows = [(i, q) for i, q in enumerate(table.column("id").to_pylist()) if q in train]
+        first = [i for i, q in rows if q in held] + [i for i, q in rows if q not in kept]
+        chosen = first[:per_set]
+        pq.write_table(table.take(chosen), SELECTION / f"{name}.parquet")
+        picked = table.column("id").take(chosen).to_pylist()
+        ids[name] = {"held_out": [q for q in picked if q in held], "not_kept": [q for q in picked if q not in kept]}
+    SELECTION_IDS.write_text(json.dumps(ids, indent=1) + "\n")
+    return ids
+
+
 def sittings(gap_s: float = 600) -> list[dict]:
     """The synthesis' verdicts by sitting (a pause over ``gap_s`` between two verdicts starts a new
     one): how many, over how long, at what rate (a stopped attempt writes no manifest). Once the
@@ -329,6 +385,9 @@ def main() -> None:
     s.add_argument("--until-kept", type=int, default=None,
                    help="stop once both syntheses hold this many kept rationales (the issue asks 2,000)")
     sub.add_parser("status", help="verdicts so far and the rate")
+    q = sub.add_parser("selection-queries", help="write the drafter_train questions the drafter did not learn from "
+                                                  "(for choosing the verifier's score)")
+    q.add_argument("--per-set", type=int, default=100)
     sub.add_parser("report", help="record benchmarks/results/speculative_rag_pays.md from what exists")
     t = sub.add_parser("train", help="train or resume the 0.5B drafter on --examples rationales")
     t.add_argument("--examples", default="all",
@@ -341,6 +400,9 @@ def main() -> None:
         synthesize(args.minutes, args.threads, args.in_flight, args.until_kept)
     elif args.step == "report":
         report()
+    elif args.step == "selection-queries":
+        ids = selection_queries(args.per_set)
+        print(json.dumps({k: {kind: len(v) for kind, v in x.items()} for k, x in ids.items()}))
     elif args.step == "train":
         points = [None if x == "all" else int(x) for x in args.examples.split(",")]
         train_points(points, args.minutes, args.threads, args.refresh)

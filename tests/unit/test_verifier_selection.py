@@ -61,3 +61,6 @@ def test_analyse_counts_only_questions_with_a_right_and_a_wrong_draft(vs, tmp_pa
     assert out["sum (default)"] == {"auc": 0.0, "chosen": 0.0}
     assert out["rho_draft"] == {"auc": 1.0, "chosen": 1.0}
     assert out["rho_SC"] == {"auc": 0.0, "chosen": 0.0}
+    # the drafter_train traces are read a second time on the held-out rationales' questions alone
+    held = vs.analyse(tmp_path, gold, "contains", 0.5, only={"q2", "q3"})
+    assert (held["questions"], held["oracle"], held["mixed"]) == (2, 1, 0) and "random" not in held
