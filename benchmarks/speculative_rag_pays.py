@@ -21,8 +21,8 @@ a LoRA adapter of rank 8 on every linear layer, bf16 matmuls, each ARC question 
 its options, 2 epochs of batch 8 (the first drafter's recipe otherwise), checkpointed every 40
 steps under runs/full/drafter/qwen-0.5b-lora-<N>.partial; ``--minutes`` stops it at the deadline
 (SIGTERM: its state saved after the step in flight) and the next call resumes from there. That state
-is also copied to benchmarks/results/speculative_rag_pays/training/ to be committed, since runs/ is
-not: a session on another machine resumes from the copy. A step costs 27.8 s on 2 threads of the
+is also copied to benchmarks/results/speculative_rag_pays/training/ (ignored by git: weights stay
+out of the repository), a copy that resumes the run on another machine it is carried to. A step costs 27.8 s on 2 threads of the
 AVX-512 EPYC in forward passes of 2 (benchmarks/results/drafter_step_cost.md), 17.8 s on the AMX
 Xeon: 500 rationales ≈ 1 hour, 2,400 ≈ 4.6 hours on the EPYC, held-out checks on top.
 """
@@ -45,8 +45,8 @@ WORK = Path("runs/full")
 OUT = REPO / "benchmarks" / "results" / "speculative_rag_pays"
 SYNTHESIS = OUT / "synthesis"
 SITTINGS = OUT / "sittings.json"  # the sittings, kept: compacting the finished run drops the timed shard names
-# a stopped training run's state, copied where git keeps it: runs/ is not committed, and a session on
-# another machine resumes from this copy instead of from step 0
+# a stopped training run's state (71 MB for the 0.5B adapter), copied out of runs/: carried to another
+# machine by hand, it resumes there instead of from step 0. Not committed: weights stay out of git
 KEPT_STATES = OUT / "training"
 QUESTIONS = WORK / "drafter" / "train-rest.parquet"
 
@@ -160,7 +160,7 @@ def kept_state(n: int | None) -> Path:
 
 def train(n: int | None, minutes: float, threads: int, refresh: bool = False) -> Path:
     """Train (or resume) the 0.5B drafter on ``n`` rationales for at most ``minutes``; a run
-    stopped at the deadline leaves its state in ``kept_state(n)`` too, to commit."""
+    stopped at the deadline leaves its state in ``kept_state(n)`` too, to carry elsewhere."""
     import shutil
     from specrag.training.state import STATE_FILE, partial_dir
     rationales = rationale_subset(n, refresh)
@@ -188,7 +188,7 @@ def train(n: int | None, minutes: float, threads: int, refresh: bool = False) ->
         if (partial_dir(folder) / STATE_FILE).is_file():
             KEPT_STATES.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(partial_dir(folder) / STATE_FILE, kept_state(n))
-            print(f"its state copied to {kept_state(n)}: commit it", flush=True)
+            print(f"its state copied to {kept_state(n)}: another machine resumes from that copy", flush=True)
     else:
         from specrag.training.drafter import MANIFEST
         if (folder / MANIFEST).is_file():  # finished: the trained drafter's folder supersedes the copy

@@ -174,9 +174,7 @@ def main() -> None:
     held = {q for kinds in (ids or {}).values() for q in kinds["held_out"]}
     # the drafter_train traces once more, on the held-out rationales' questions alone: the others
     # lean hard (their teacher rationale, by the verifier's model, failed the filters)
-    readings = [(label, runs, folder, None) for label, runs, folder in PAIRS]
-    readings.insert(readings.index((QWEN_TRAIN, PAIRS[-1][1], QWEN_RUN, None)) + 1,
-                    (QWEN_HELD, PAIRS[-1][1], QWEN_RUN, held))
+    readings = [*((label, runs, folder, None) for label, runs, folder in PAIRS), (QWEN_HELD, PAIRS[-1][1], QWEN_RUN, held)]
     for label, runs, folder, only in readings:
         for slug, name in SETS.items():
             run = runs / slug / folder

@@ -1,5 +1,5 @@
 """benchmarks/speculative_rag_pays.py's long training run across machines: a run stopped at its
-deadline leaves a copy of its state to commit, a machine without runs/ resumes from that copy, and
+deadline leaves a copy of its state outside runs/, a machine without runs/ resumes from that copy, and
 a finished run drops it. The training itself is a stand-in process here (the real one takes hours;
 tests/models/test_drafter.py resumes a real one after a kill)."""
 from __future__ import annotations
@@ -58,9 +58,9 @@ def test_a_stopped_run_is_kept_resumed_elsewhere_and_dropped_when_done(srp, monk
     calls = _popen(srp, monkeypatch, b"step 20")
     srp.train(None, minutes=30, threads=1)
     assert "--resume" not in calls[0]  # a first start
-    assert srp.kept_state(None).read_bytes() == b"step 20"  # copied where git keeps it
+    assert srp.kept_state(None).read_bytes() == b"step 20"  # copied out of runs/
 
-    # another machine: no runs/ at all, the committed copy only
+    # another machine: no runs/ at all, the carried copy only
     import shutil
     shutil.rmtree(tmp_path / "runs")
     calls = _popen(srp, monkeypatch, b"step 40")
