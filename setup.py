@@ -17,7 +17,7 @@ setup(
     packages=["specrag"] + [f"specrag.{layer}" for layer in LAYERS],
     package_dir={"specrag": "specrag", **{f"specrag.{layer}": layer for layer in LAYERS}},
     package_data={"specrag.pipelines": ["demo_data/*.yaml"], "specrag.importers": ["demo_data/*.jsonl"],
-                  "specrag.evaluation": ["splits/*.txt"]},
+                  "specrag.evaluation": ["splits/*.txt"], "specrag.inference": ["shipped/*/*"]},
     install_requires=[
         "torch>=2.13,<2.15",
         "apache-beam==2.77.0",

@@ -4,6 +4,7 @@
     python benchmarks/speculative_rag_pays.py status                     # kept so far, the rate
     python benchmarks/speculative_rag_pays.py train --examples all,1000,500 --minutes 120   # resumable too
     python benchmarks/speculative_rag_pays.py selection-queries          # questions for choosing the score
+    python benchmarks/speculative_rag_pays.py ship                       # the trained drafter into the package
 
 Synthesis: the drafter_train questions that the first tuned drafter's synthesis
 (benchmarks/results/drafter/synthesis: the first 150 of each training set, local backend, 454
@@ -212,6 +213,31 @@ def train_points(points: list[int | None], minutes: float, threads: int, refresh
             break  # stopped at the deadline (its state saved)
 
 
+SHIPPED_NAME = "qwen2.5-coder-0.5b-rag-drafter"  # the registered name of the drafter specrag ships
+
+
+def ship(n: int | None = None) -> Path:
+    """Copy the drafter tuned on ``n`` rationales (all: None) into the package, where the registry's
+    ``SHIPPED_NAME`` loads it: the float16 adapter (8.8 MB), its config, card and training manifest."""
+    import shutil
+    from safetensors import safe_open
+    from specrag.inference.models import ADAPTER_WEIGHTS, CARD, SHIPPED
+    from specrag.training.drafter import MANIFEST
+    folder = drafter_folder(n)
+    if not (folder / MANIFEST).is_file():
+        raise SystemExit(f"{folder} is not trained yet: run `train --examples {n or 'all'}` to its end first")
+    with safe_open(str(folder / ADAPTER_WEIGHTS), "pt") as weights:
+        dtypes = {str(weights.get_slice(k).get_dtype()) for k in weights.keys()}
+    if dtypes != {"F16"}:
+        raise SystemExit(f"{folder / ADAPTER_WEIGHTS} holds {sorted(dtypes)}, not float16: save it again with "
+                         "the current train-drafter (a --resume of the finished run rewrites it)")
+    target = SHIPPED / SHIPPED_NAME
+    target.mkdir(parents=True, exist_ok=True)
+    for name in (ADAPTER_WEIGHTS, "adapter_config.json", CARD, MANIFEST):
+        shutil.copyfile(folder / name, target / name)
+    return target
+
+
 SELECTION = WORK / "drafter" / "selection"  # <set>.parquet: questions for choosing the verifier's score
 SELECTION_IDS = OUT / "selection_ids.json"  # which of them were held out and which had no kept rationale
 
@@ -389,6 +415,8 @@ def main() -> None:
                                                   "(for choosing the verifier's score)")
     q.add_argument("--per-set", type=int, default=100)
     sub.add_parser("report", help="record benchmarks/results/speculative_rag_pays.md from what exists")
+    h = sub.add_parser("ship", help=f"copy the trained drafter into the package as {SHIPPED_NAME}")
+    h.add_argument("--examples", default="all", help="which data-scaling point to ship (all, 1000, 500)")
     t = sub.add_parser("train", help="train or resume the 0.5B drafter on --examples rationales")
     t.add_argument("--examples", default="all",
                    help="500, 1000, ... or all (nested subsets); several, comma-separated, are trained in turn")
@@ -403,6 +431,8 @@ def main() -> None:
     elif args.step == "selection-queries":
         ids = selection_queries(args.per_set)
         print(json.dumps({k: {kind: len(v) for kind, v in x.items()} for k, x in ids.items()}))
+    elif args.step == "ship":
+        print(f"shipped in {ship(None if args.examples == 'all' else int(args.examples))}")
     elif args.step == "train":
         points = [None if x == "all" else int(x) for x in args.examples.split(",")]
         train_points(points, args.minutes, args.threads, args.refresh)

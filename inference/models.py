@@ -140,18 +140,33 @@ CARD = "specrag_model.json"  # a model specrag trained: its kind, base model, tr
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file name for a LoRA adapter's matrices
 
 
-def trained_spec(folder: str | Path) -> ModelSpec | None:
-    """The ModelSpec of a model folder specrag wrote (``train-utility``), or None. A LoRA adapter's
-    folder (its card names ``adapter_of``) loads as its base with the adapter merged in."""
+def trained_spec(folder: str | Path, name: str | None = None) -> ModelSpec | None:
+    """The ModelSpec of a model folder specrag wrote (``train-utility``, ``train-drafter``), or None;
+    named ``name`` where it is registered, else by its path. A LoRA adapter's folder (its card names
+    ``adapter_of``) loads as its base with the adapter merged in."""
     import json
     card = Path(folder) / CARD
     if not card.is_file():
         return None
     meta = json.loads(card.read_text())
     if meta.get("adapter_of"):
-        return ModelSpec(str(folder), meta["kind"], lambda: merged_adapter(Path(folder), meta),
+        return ModelSpec(name or str(folder), meta["kind"], lambda: merged_adapter(Path(folder), meta),
                          meta.get("description", str(folder)), identity_source=lambda: Path(folder))
-    return ModelSpec(str(folder), meta["kind"], lambda: Path(folder), meta.get("description", str(folder)))
+    return ModelSpec(name or str(folder), meta["kind"], lambda: Path(folder), meta.get("description", str(folder)))
+
+
+# models specrag trained and ships inside the package (LoRA adapters of registered bases, a few MB)
+SHIPPED = Path(__file__).resolve().parent / "shipped"
+
+
+def shipped_spec(name: str) -> ModelSpec:
+    """The registered ModelSpec of ``SHIPPED/name``: its card names the base and the adapter's sha256,
+    checked when it is first loaded."""
+    spec = trained_spec(SHIPPED / name, name=name)
+    if spec is None:
+        raise ImportError(f"{SHIPPED / name} has no {CARD}: the installed specrag lacks its shipped model {name!r}; "
+                          "reinstall it")
+    return spec
 
 
 def merged_adapter(folder: Path, meta: dict) -> Path:

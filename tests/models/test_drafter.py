@@ -1,6 +1,7 @@
 """Speculative RAG's tuned drafter: the splits it trains and is evaluated on, rationale synthesis
 as a Beam job (a real teacher model, the filters), and train-drafter (the loss falls, the folder
 serves as a drafter, a rerun on the same content is reused)."""
+import hashlib
 import json
 
 import pyarrow as pa
@@ -192,7 +193,7 @@ def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(dem
     adapter is refused in one line."""
     import torch
     from safetensors.torch import load_file
-    from specrag.inference.models import ADAPTER_WEIGHTS, CARD, model_identity, model_spec
+    from specrag.inference.models import ADAPTER_WEIGHTS, CARD, model_identity, model_spec, trained_spec
     from specrag.pipelines.drafter import validate_rationale
     import os
     import signal
@@ -232,12 +233,15 @@ def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(dem
     assert accumulated.step_loss == pytest.approx(whole.step_loss, rel=1e-3)
     a, b, c = (load_file(str(tmp_path / run / ADAPTER_WEIGHTS)) for run in ("whole", "b", "c"))
     assert a.keys() == b.keys() and all("lora_" in k for k in a)
+    assert {v.dtype for v in a.values()} == {torch.float16}  # stored at half the bytes, merged in float32
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
     folder = tmp_path / "b"
     assert not (folder / "model.safetensors").exists() and not partial_dir(folder).exists()
     card = json.loads((folder / CARD).read_text())
-    assert card["adapter_of"] == str(tiny_llama_folder) and len(card["adapter_sha256"]) == 64
+    assert card["adapter_of"] == str(tiny_llama_folder) and card["adapter_dtype"] == "float16"
+    assert card["adapter_sha256"] == hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
     merged = model_spec(str(folder)).locate()
+    assert trained_spec(folder, name="shipped-drafter").locate() == merged  # as a registered name ships it
     assert (merged / "model.safetensors").is_file() and model_spec(str(folder)).kind == "causal-lm"
     base = load_file(str(tiny_llama_folder / "model.safetensors"))
     weights = load_file(str(merged / "model.safetensors"))
