@@ -67,7 +67,9 @@ def needs(methods) -> set[str]:
         out |= {"datastore"} if m.flags.get("datastore") else set()
         out |= {"aed"} if m.flags.get("triplets") or any(str(x).startswith("utility=") for x in models) else set()
         out |= {"sardi"} if any(str(x).startswith("denoiser=") for x in models) else set()
-        out |= {"drafter"} if any(str(x).startswith("drafter=") and "/" in str(x) for x in models) else set()
+        # the SmolLM2 drafter benchmarks/drafter.py trains (the 0.5B one is speculative_rag_pays.py's)
+        out |= {"drafter"} if any(str(x).startswith("drafter=") and "/drafter/drafter-" in str(x)
+                                  for x in models) else set()
     return out
 
 
