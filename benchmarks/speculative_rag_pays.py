@@ -381,11 +381,38 @@ def report() -> None:
                 f"{f'{left / per_hour:.1f}' if per_hour else '?'} hours; kept so far " if left else
                 f"; finished at {per_hour} verdicts an hour in all; kept ")
              + f"{first['kept'] + now['kept']} of the 2,000 the issue asks for.", "", *training_lines()]
-    claim = ("specrag_minus_standard=na latency_ratio=na chosen_over_oracle=na sets_better=na "
-             f"rationales_kept={first['kept'] + now['kept']}")
+    values = {"specrag_minus_standard": "na", "latency_ratio": "na", "chosen_over_oracle": "na", "sets_better": "na"}
+    suite_lines, found = suites_lines()
+    lines += suite_lines
+    values.update(found)
+    claim = " ".join(f"{k}={v}" for k, v in values.items()) + f" rationales_kept={first['kept'] + now['kept']}"
     publish(str(REPO / "benchmarks" / "results" / "speculative_rag_pays.md"),
             "Speculative RAG with a drafter of the verifier's family", machine_line(2), "\n".join(lines), claim,
             "python benchmarks/speculative_rag_pays.py report")
+
+
+def suites_lines() -> tuple[list[str], dict]:
+    """The quality and latency suites' tables and claim values, for those that have run."""
+    import speculative_rag_pays_tables as tables
+    from verifier_selection import gold_answers
+    quality, latency = tables.load(tables.QUALITY), tables.load(tables.LATENCY)
+    lines, values = [], {}
+    if quality or latency:
+        gold = gold_answers(REPO.parent / "shared" / "data", WORK / "data")
+    if quality:
+        majority = {s: tables.majority_share(quality, s, gold["pubhealth"]) for s in quality["datasets"]
+                    if s == "PubHealth"}
+        found, values = tables.quality_lines(quality, majority)
+        share, mixed, answered = tables.chosen_over_oracle(quality, gold)
+        if share is not None:
+            values["chosen_over_oracle"] = round(share, 3)
+        lines += ["", *found, "", f"The method's own choice is right on {100 * (share or 0):.1f}% of the {mixed} of "
+                  f"{answered} questions whose drafts hold a right and a wrong answer (chosen_over_oracle)."]
+    if latency:
+        found, more = tables.latency_lines(latency)
+        lines += ["", *found]
+        values.update(more)
+    return lines, values
 
 
 def status() -> dict:

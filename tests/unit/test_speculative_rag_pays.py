@@ -1,7 +1,8 @@
-"""benchmarks/speculative_rag_pays.py's long training run across machines: a run stopped at its
+"""benchmarks/speculative_rag_pays.py: its long training run across machines: a run stopped at its
 deadline leaves a copy of its state outside runs/, a machine without runs/ resumes from that copy, and
 a finished run drops it. The training itself is a stand-in process here (the real one takes hours;
-tests/models/test_drafter.py resumes a real one after a kill)."""
+tests/models/test_drafter.py resumes a real one after a kill); and the claim values its report pools
+from the suites' comparisons."""
 from __future__ import annotations
 
 import subprocess
@@ -78,3 +79,25 @@ def test_a_stopped_run_is_kept_resumed_elsewhere_and_dropped_when_done(srp, monk
     _popen(srp, monkeypatch, b"step 758", finish=True)
     srp.train(None, minutes=30, threads=1)
     assert not srp.kept_state(None).exists()  # the trained drafter's folder supersedes it
+
+
+def test_the_suites_claim_values_pool_the_sets_as_the_issue_defines_them():
+    """specrag_minus_standard: the mean over the sets of the paired difference; sets_better: the
+    sets whose interval lies above zero; latency_ratio: latencies pooled over all the questions."""
+    tables = load_script(BENCHMARKS / "speculative_rag_pays_tables.py", "speculative_rag_pays_tables")
+    spec, std = tables.SPECRAG, tables.STANDARD
+
+    def row(value, latency, n):
+        return {"headline_metric": "contains", "contains": value, "mean_latency_s": latency, "n": n, "models": ""}
+    report = {"datasets": ["A", "B"],
+              "runs": [{"dataset": s, "label": m, "output": f"runs/{s}/{m}"} for s in "AB" for m in (spec, std)],
+              "rows": {"A": {spec: row(50.0, 2.0, 30), std: row(40.0, 4.0, 30)},
+                       "B": {spec: row(20.0, 6.0, 10), std: row(30.0, 6.0, 10)}},
+              "baselines": {"A": [{"method": spec, "baseline": std, "difference": 10.0, "ci95": [2.0, 18.0], "n": 30}],
+                            "B": [{"method": spec, "baseline": std, "difference": -10.0, "ci95": [-20.0, 1.0],
+                                   "n": 10}]}}
+    lines, values = tables.quality_lines(report, {"B": 63.0})
+    assert values == {"specrag_minus_standard": 0.0, "sets_better": 1}
+    assert any(line.startswith("| B's majority label |  | 63.0 |") for line in lines)
+    lines, values = tables.latency_lines(report, floors=False)
+    assert values == {"latency_ratio": round((2.0 * 30 + 6.0 * 10) / (4.0 * 30 + 6.0 * 10), 3)}
