@@ -12,8 +12,10 @@ and chat template, as the engine feeds them, and weighs them by parameter count:
 
 with P a model's non-embedding parameters (Qwen2.5-Coder 0.5B: 0.36 B, 1.5B: 1.31 B; SmolLM2-135M: 0.11 B).
 
-A prompt shared by several calls (the rationale's continuation after the answer, the options of a
-closed-set question) is counted once: an engine's prefix cache computes it once. Generated tokens
+Tokens a prefix cache would not recompute are counted once (a perfect cache: vLLM's works in
+blocks of 16 tokens): the instruction the drafts' prompts share, the rationale call's prompt
+after the answer call's, the question before each draft in the verifier's passes (the options of
+a closed-set question, scored after the same prompt, are left out: a few tokens). Generated tokens
 are left out: on a CPU a decode step reads every weight whatever the batch, so its cost is not
 proportional to tokens and sits on top of this floor, not in it.
 
@@ -59,40 +61,53 @@ def parameters(model: str) -> int:
                and not name.startswith("lm_head"))
 
 
-def prompt_tokens(model: str, prompt: str, chat: bool = True) -> int:
+def prompt_ids(model: str, prompt: str, chat: bool = True) -> list[int]:
     from specrag.inference.local_base import prompt_token_ids
-    return len(prompt_token_ids(tokenizer(model), prompt, chat))
+    return list(prompt_token_ids(tokenizer(model), prompt, chat))
 
 
-def text_tokens(model: str, text: str) -> int:
-    return len(tokenizer(model)(text, add_special_tokens=False)["input_ids"])
+def text_ids(model: str, text: str) -> list[int]:
+    return list(tokenizer(model)(text, add_special_tokens=False)["input_ids"])
+
+
+def cached_count(sequences: list[list[int]]) -> int:
+    """Tokens a perfect prefix cache computes for ``sequences`` in turn: each one's tokens after
+    the longest prefix it shares with an earlier one (the drafts' common instruction, the
+    verifier's question before each draft, a continuation after its own prompt)."""
+    total, seen = 0, []
+    for seq in sequences:
+        shared = max((next((i for i, (a, b) in enumerate(zip(seq, old)) if a != b), min(len(seq), len(old)))
+                      for old in seen), default=0)
+        total += len(seq) - shared
+        seen.append(seq)
+    return total
 
 
 def standard_tokens(query: dict, docs: list, generator: str) -> int:
     """Standard RAG's prompt: every retrieved document and the question, in the chat template."""
     from specrag.methods.prompts import build_prompt
-    return prompt_tokens(generator, build_prompt(query, docs))
+    return len(prompt_ids(generator, build_prompt(query, docs)))
 
 
 def specrag_tokens(query: dict, drafts: list[dict], docs_by_id: dict, drafter: str, verifier: str,
                    reflection: str | None = None) -> tuple[int, int]:
-    """(drafter tokens, verifier tokens) of one query: each draft's prompt over its documents plus
-    the answer it feeds back before the rationale, and the verifier's [question, draft, reflection,
-    "Yes"] for each draft the verifier scored."""
+    """(drafter tokens, verifier tokens) of one query through a prefix cache: each draft's prompt
+    over its documents, then the answer and marker it feeds back before the rationale, and the
+    verifier's [question, draft, reflection, "Yes"] for each draft the verifier scored."""
     from specrag.methods.prompts import build_prompt, task_input
     from specrag.methods.speculative_rag import RATIONALE_PREFIX, REFLECTION, draft_text
     reflection = reflection or REFLECTION
-    drafter_n = verifier_n = 0
+    drafter_seqs, verifier_seqs = [], []
     for d in drafts:
-        docs = [docs_by_id[i] for i in d["doc_ids"]]
-        drafter_n += prompt_tokens(drafter, build_prompt(query, docs))
-        if d["rationale"]:  # the rationale call reads the answer and the marker after the shared prompt
-            drafter_n += text_tokens(drafter, d["answer"]) + text_tokens(drafter, RATIONALE_PREFIX)
+        prompt = prompt_ids(drafter, build_prompt(query, [docs_by_id[i] for i in d["doc_ids"]]))
+        drafter_seqs.append(prompt)
+        if d["rationale"]:  # the rationale call continues the same prompt after the answer and the marker
+            drafter_seqs.append(prompt + text_ids(drafter, d["answer"]) + text_ids(drafter, RATIONALE_PREFIX))
         if d.get("rho_sc") is not None or d.get("rho_sr") is not None:
-            verifier_n += prompt_tokens(verifier, task_input(query) + "\n", chat=False) + sum(
-                text_tokens(verifier, s) for s in (f"Answer:{draft_text(d['answer'], d['rationale'])}",
-                                                   f"\n{reflection}\nAnswer:", " Yes"))
-    return drafter_n, verifier_n
+            segments = (f"Answer:{draft_text(d['answer'], d['rationale'])}", f"\n{reflection}\nAnswer:", " Yes")
+            verifier_seqs.append(prompt_ids(verifier, task_input(query) + "\n", chat=False)
+                                 + [t for seg in segments for t in text_ids(verifier, seg)])
+    return cached_count(drafter_seqs), cached_count(verifier_seqs)
 
 
 class _Doc:
