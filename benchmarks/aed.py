@@ -10,6 +10,8 @@ evaluation dataset the first ``--per-dataset`` aed_eval questions answered by:
   rerank-only (m=2)   AED-RAG without fusion: the predictor's top-2 passages in one prompt
   aed (m=1), aed (m=2)
   aed w/o triplets, aed w/o d_ss, aed untrained (MiniLM similarity as S_phi)
+  cross-encoder rerank (m=2)   the paper's reranker baseline: the installed reranker's
+                               (ms-marco-MiniLM-L-12-v2) top-2 passages in one prompt
 
 Metrics: relaxed EM (the gold answer contained in the output), token F1, their average;
 served latency per query. Paired bootstrap intervals of each method's average minus
@@ -48,6 +50,8 @@ CONFIGS = {
     "aed w/o triplets": ("aed-rag", ["triplets=false"]),
     "aed w/o d_ss": ("aed-rag", ["self_sufficiency=false"]),
     "aed untrained": ("aed-rag", ["predictor=similarity"]),
+    # the paper's reranker baseline: the installed cross-encoder (not the trained predictor) picks the top 2
+    "cross-encoder rerank (m=2)": ("aed-rag", ["fusion=false"], "ms-marco-minilm-l12-v2"),
 }
 
 
@@ -92,12 +96,13 @@ def train_predictor(paths: dict, n_train: int, label_top_k: int) -> Path:
 
 
 def answer(paths: dict, predictor: Path, label: str) -> Path:
-    method, settings = CONFIGS[label]
+    method, settings, *model = CONFIGS[label]  # a third entry: another utility model than the trained one
+    utility = model[0] if model else str(predictor)
     slug = label.replace(' ', '_').replace('(', '').replace(')', '').replace('/', '')
-    out = paths["work"] / "aed" / "runs" / f"{paths['per_dataset']}-{predictor.name}-{slug}"
+    out = paths["work"] / "aed" / "runs" / f"{paths['per_dataset']}-{Path(utility).name}-{slug}"
     if not (out / "manifest.json").exists():
         args = ["answer", "--queries", str(paths["eval"]), "--index", str(paths["index"]),
-                "--triplets", str(paths["triplets"]), "--model", f"utility={predictor}", "--method", method,
+                "--triplets", str(paths["triplets"]), "--model", f"utility={utility}", "--method", method,
                 "--output", str(out), "--resume", *TWO_WORKERS]
         for s in settings:
             args += ["--set", s]
