@@ -118,10 +118,13 @@ class OnnxReranker:
                 raise ValueError(f"{source / 'model.onnx'} has sha256 {digest[:16]}…, expected "
                                  f"{self.sha256[:16]}…: another version of the package; {self.requirement}")
             log.info("dequantising %s from %s into %s; this happens once", self.name, source, target)
+            import json
             from specrag.inference.onnx_weights import write_bert_classifier
-            write_bert_classifier(source, target, self.heads, {
+            write_bert_classifier(source, target, self.heads)
+            (target / CARD).write_text(json.dumps({
                 "kind": "cross-encoder", "max_length": self.max_length, "onnx_sha256": self.sha256,
-                "description": f"{self.name}: int8 ONNX export dequantised to float32 ({self.requirement})"})
+                "description": f"{self.name}: int8 ONNX export dequantised to float32 ({self.requirement})"},
+                indent=2, sort_keys=True))
             return str(source)
         return built_once(cache_dir() / "converted" / self.name, convert)
 

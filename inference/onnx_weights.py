@@ -14,7 +14,6 @@ scores as the published int8 export does, not as the float32 original.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -71,10 +70,10 @@ def _bias_after(output: str, consumers: dict, init: dict, depth: int = 20) -> st
     return None
 
 
-def write_bert_classifier(source: Path, target: Path, heads: int, card: dict) -> None:
+def write_bert_classifier(source: Path, target: Path, heads: int) -> None:
     """``target``: the ONNX folder ``source`` (model.onnx and its tokenizer files) as a transformers
-    one-label BERT classifier with specrag's card. ``heads`` is the one shape the weights do not
-    give. Every weight must land in the model (strict load), or nothing is written."""
+    one-label BERT classifier. ``heads`` is the one shape the weights do not give. Every weight
+    must land in the model (strict load), or nothing is written."""
     import torch
     from safetensors.torch import save_file
     from transformers import BertConfig, BertForSequenceClassification
@@ -98,5 +97,3 @@ def write_bert_classifier(source: Path, target: Path, heads: int, card: dict) ->
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(target / "model.safetensors"))
     for name in TOKENIZER_FILES:
         shutil.copyfile(source / name, target / name)
-    from specrag.inference.models import CARD
-    (target / CARD).write_text(json.dumps(card, indent=2, sort_keys=True))
