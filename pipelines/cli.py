@@ -154,7 +154,7 @@ def cmd_train_drafter(args, extra) -> int:
                                    checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads,
                                    lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
                                    option_orders=args.option_orders, compute_dtype=args.compute_dtype,
-                                   micro_batch=args.micro_batch)
+                                   micro_batch=args.micro_batch, patience=args.patience)
     try:
         report = run_train_drafter(args.rationales, args.output, config, base=args.base, overwrite=args.overwrite,
                                    resume=args.resume, max_failure_fraction=args.max_failure_fraction,
@@ -388,6 +388,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (0: at the end only); the one with the lowest held-out loss is "
                         "kept, and --resume continues a killed run from OUTPUT.partial")
+    p.add_argument("--patience", type=int, default=0,
+                   help="stop once this many checkpoints in a row have not lowered the held-out loss (0: train "
+                        "every epoch); the best checkpoint is saved either way, and a run resumed with it stops too")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=int(os.environ.get("SPECRAG_THREADS", "1")))
     p.add_argument("--lora-rank", type=int, default=0,

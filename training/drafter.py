@@ -60,14 +60,17 @@ class DrafterTrainingConfig:
     # on AVX512-BF16 or AMX (benchmarks/results/drafter_step_cost.md), emulated and slower without
     compute_dtype: str = "float32"
     micro_batch: int = 0  # examples a forward pass holds; gradients accumulate to batch_size (0: all)
+    # stop once this many checkpoints in a row have not lowered the held-out loss (0: run every epoch);
+    # the best checkpoint is what is saved either way
+    patience: int = 0
 
     def validate(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.max_tokens < 16:
             raise ValueError("need epochs >= 1, batch_size >= 1, max_tokens >= 16")
         if self.lora_rank < 0 or self.lora_alpha < 1 or self.option_orders < 0:
             raise ValueError("need lora_rank >= 0, lora_alpha >= 1, option_orders >= 0")
-        if self.micro_batch < 0:
-            raise ValueError("need micro_batch >= 0")
+        if self.micro_batch < 0 or self.patience < 0:
+            raise ValueError("need micro_batch >= 0, patience >= 0")
         if self.compute_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}")
         if not 0 <= self.held_out < 1 or self.learning_rate <= 0 or self.checkpoint_every < 0:
@@ -100,6 +103,7 @@ class DrafterReport:
     resumed_at: list[int] = field(default_factory=list)
     wall_s: float = 0.0
     total_steps: int = 0  # of the whole run (what a checkpoint's report is a part of)
+    stopped_early_at: int = 0  # the step after which ``patience`` ended the run (0: it ran every step)
 
 
 def option_orders(choices: Sequence[str], labels: Sequence[str], answer: str, rationale: str, orders: int,
@@ -212,9 +216,15 @@ def held_out_loss(model, rows, pad_id: int, config: "DrafterTrainingConfig") -> 
     return round(total / max(1, tokens), 5)
 
 
-def content_key(config: DrafterTrainingConfig, base_identity: str, examples: Sequence[DrafterExample]) -> str:
-    """What the trained weights depend on (threads aside): a folder with this key is reused."""
-    h = hashlib.sha256(json.dumps({**asdict(config), "threads": None, "base": base_identity}, sort_keys=True).encode())
+def content_key(config: DrafterTrainingConfig, base_identity: str, examples: Sequence[DrafterExample],
+                trajectory: bool = False) -> str:
+    """What the trained weights depend on (threads aside): a folder with this key is reused. With
+    ``trajectory``, what the steps depend on: a saved state with this key resumes, whatever the
+    patience (it decides only where the run ends; a patience of 0 leaves the key as before it existed)."""
+    settings = {**asdict(config), "threads": None, "base": base_identity}
+    if trajectory or not config.patience:
+        settings.pop("patience")
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for e in examples:
         h.update(json.dumps(asdict(e), sort_keys=True).encode())
     return h.hexdigest()
@@ -258,7 +268,8 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     generator, rng = torch.Generator().manual_seed(config.seed), np.random.default_rng(config.seed)
     state_dir = partial_dir(out_dir)
     identity = content_key(config, model_identity(base), examples)
-    resumed = load_state(state_dir, identity)
+    trajectory = content_key(config, model_identity(base), examples, trajectory=True)
+    resumed = load_state(state_dir, trajectory)
     if resumed is None:
         report.held_out_loss_untrained = held_out_loss(model, held_rows, pad_id, config)
         say(f"held-out response loss, untrained: {report.held_out_loss_untrained}")
@@ -280,6 +291,11 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     spent = 0.0
     with stop_on_signals() as stop:
         for s in range(done, total):
+            if patient_enough(report.checkpoints, best["step"], config.patience):
+                report.stopped_early_at = s
+                say(f"drafter training: {config.patience} checkpoints without a lower held-out loss than step "
+                    f"{best['step']}'s: stopping after step {s}/{total} with that checkpoint")
+                break
             step_started = time.time()
             if len(order) < config.batch_size:
                 order += rng.permutation(len(train_rows)).tolist()
@@ -308,7 +324,7 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
                     f"best: step {best['step']}")
             if s + 1 < total and (checkpoint or stop.is_set()):
                 report.wall_s = round(earlier_wall + time.time() - started, 3)
-                save_state(state_dir, identity, trained_weights(model, config), optimizer, schedule, generator, rng,
+                save_state(state_dir, trajectory, trained_weights(model, config), optimizer, schedule, generator, rng,
                            order, s + 1, best, best_weights, report)
                 if stop.is_set():
                     raise TrainingStopped(f"drafter training stopped by a signal after step {s + 1}/{total}, its "
@@ -322,6 +338,11 @@ def train_drafter(examples: Sequence[DrafterExample], config: DrafterTrainingCon
     save_drafter(model, tokenizer, config, report, Path(out_dir), base, identity, provenance)
     shutil.rmtree(state_dir, ignore_errors=True)
     return report
+
+
+def patient_enough(checkpoints: list[dict], best_step: int, patience: int) -> bool:
+    """Whether the last ``patience`` checkpoints all came after the best one (early stopping)."""
+    return bool(patience) and sum(c["step"] > best_step for c in checkpoints) >= patience
 
 
 def departure(config: DrafterTrainingConfig) -> str:

@@ -255,3 +255,41 @@ def test_a_lora_drafter_resumes_after_a_kill_and_serves_merged_over_its_base(dem
     (damaged / ADAPTER_WEIGHTS).write_bytes((folder / ADAPTER_WEIGHTS).read_bytes()[:-1] + b"\0")
     with pytest.raises(ValueError, match="is not the .* its card .* names: the file is damaged or was replaced"):
         model_spec(str(damaged)).locate()
+
+
+def test_patience_ends_the_run_at_its_best_checkpoint_and_a_resumed_run_ends_there_too(demo_tables, tiny_llama_folder,
+                                                                                       tmp_path, monkeypatch):
+    """--patience N: once N checkpoints in a row have not lowered the held-out loss the run ends, saving
+    the best checkpoint. Patience is not part of what a saved state resumes by (it changes where the
+    run ends, not its steps), so a run stopped without it resumes with it and ends at once."""
+    import os
+    import signal
+    import torch
+    from safetensors.torch import load_file
+    import specrag.training.drafter as drafter
+    from specrag.inference.models import ADAPTER_WEIGHTS
+    from specrag.pipelines.drafter import validate_rationale
+    from specrag.training.state import TrainingStopped
+    examples = [e for r in _rationale_rows(demo_tables) for e in validate_rationale(r, frozenset())]
+    config = drafter.DrafterTrainingConfig(epochs=3, batch_size=2, learning_rate=3e-3, held_out=0.2,
+                                           checkpoint_every=2, lora_rank=4, lora_alpha=8, patience=2)
+    losses = iter([3.0, 2.0, 1.0, 1.5, 1.6])  # untrained, then steps 2, 4 (the best), 6, 8
+    monkeypatch.setattr(drafter, "held_out_loss", lambda *a: next(losses))
+    early = drafter.train_drafter(examples, config, tmp_path / "early", base=str(tiny_llama_folder))
+    assert (early.stopped_early_at, early.best_step, early.held_out_loss_trained) == (8, 4, 1.0)
+    assert len(early.step_loss) == 8 < early.total_steps
+
+    losses = iter([3.0, 2.0, 1.0, 1.5])  # the same steps, stopped after step 6 by a signal
+
+    def signalled_at_step_6(line: str) -> None:
+        if line.startswith("drafter checkpoint at step 6/"):
+            os.kill(os.getpid(), signal.SIGTERM)
+    from dataclasses import replace
+    with pytest.raises(TrainingStopped):
+        drafter.train_drafter(examples, replace(config, patience=0), tmp_path / "late", base=str(tiny_llama_folder),
+                              progress=signalled_at_step_6)
+    resumed = drafter.train_drafter(examples, replace(config, patience=1), tmp_path / "late",
+                                    base=str(tiny_llama_folder))
+    assert resumed.resumed_at == [6] and (resumed.stopped_early_at, resumed.best_step) == (6, 4)
+    a, b = (load_file(str(tmp_path / run / ADAPTER_WEIGHTS)) for run in ("early", "late"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # both saved step 4's adapter
