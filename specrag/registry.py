@@ -76,6 +76,7 @@ MODELS = Registry("model", {
     "ms-marco-minilm-l12-v2": "specrag.inference.models:MS_MARCO_RERANKER",
     "qwen2.5-coder-1.5b-instruct": "specrag.inference.models:QWEN25_CODER_15B",
     "qwen2.5-coder-0.5b-instruct": "specrag.inference.models:QWEN25_CODER_05B",
+    "qwen2.5-coder-0.5b-rag-drafter": "specrag.inference.models:QWEN25_CODER_05B_RAG_DRAFTER",
 })
 
 # what methods read beside their models and retriever, by the name a stage asks for (ctx.resource);
