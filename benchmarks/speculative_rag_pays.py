@@ -348,6 +348,8 @@ def training_lines(window: int = 40) -> list[str]:
         recipe = lambda flag: int(TRAINING[TRAINING.index(flag) + 1])  # noqa: E731
         # a checkpoint written before reports carried total_steps: the recipe's count (training/drafter.py)
         total = r.get("total_steps") or -(-r["examples"] // recipe("--batch-size")) * recipe("--epochs")
+        if r.get("stopped_early_at"):  # --patience ended it: the best checkpoint is the drafter
+            state = f"stopped early (the drafter: step {r['best_step']})"
         rows.append(f"| {n or 'all'} ({r['examples']} examples) | {state}: step {steps}/{total} | "
                     f"{r['wall_s'] / 3600:.2f} h ({r['wall_s'] / max(steps, 1):.1f} s/step) | {curve} | {held} | "
                     f"{', '.join(map(str, r['resumed_at'])) or 'none'} |")
