@@ -77,7 +77,21 @@ SCORES: dict[str, Callable[[dict], float]] = {
     "rho_SC + rho_SR": lambda d: d["rho_sc"] + d["rho_sr"],
     "per-token sum": lambda d: (d["rho_draft"] / max(d["draft_tokens"], 1) + d["rho_sc"] / max(d["sc_tokens"], 1)
                                 + d["rho_sr"]),
+    # the drafts' consensus joined to a score: log of how many of the question's drafts give this
+    # answer (the Select stage sees every draft, so the method could compute it)
+    "rho_draft per token + log agreement": lambda d: (d["rho_draft"] / max(d["draft_tokens"], 1)
+                                                      + math.log(d["agreement"])),
+    "per-token sum + log agreement": lambda d: (d["rho_draft"] / max(d["draft_tokens"], 1)
+                                                + d["rho_sc"] / max(d["sc_tokens"], 1) + d["rho_sr"]
+                                                + math.log(d["agreement"])),
 }
+
+
+def with_agreement(drafts: list[dict]) -> list[dict]:
+    """Each draft with ``agreement``: how many of its question's drafts give its normalised answer."""
+    from specrag.evaluation.metrics import normalize
+    counts = Counter(normalize(d["answer"]) for d in drafts)
+    return [{**d, "agreement": counts[normalize(d["answer"])]} for d in drafts]
 
 
 def judge(task_type: str, answer: str, gold: dict, f1_right: float, headline: str) -> bool:
@@ -127,7 +141,7 @@ def analyse(run: Path, gold: dict[str, dict], headline: str, f1_right: float, on
             if only is None or r["id"] in only]
     mixed, answered, oracle = [], 0, 0
     for r in rows:
-        drafts = [d for d in (r["trace"] or {}).get("drafts") or [] if d.get("answer")]
+        drafts = with_agreement([d for d in (r["trace"] or {}).get("drafts") or [] if d.get("answer")])
         if not drafts:
             continue
         answered += 1

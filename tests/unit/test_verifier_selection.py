@@ -61,6 +61,10 @@ def test_analyse_counts_only_questions_with_a_right_and_a_wrong_draft(vs, tmp_pa
     assert out["sum (default)"] == {"auc": 0.0, "chosen": 0.0}
     assert out["rho_draft"] == {"auc": 1.0, "chosen": 1.0}
     assert out["rho_SC"] == {"auc": 0.0, "chosen": 0.0}
+    # the drafts' consensus: "Lyon" is given by two drafts of three
+    assert [d["agreement"] for d in vs.with_agreement(rows[0]["trace"]["drafts"])] == [2, 1, 2]
+    # per token (10 a draft) "Paris" scores -0.1, the first "Lyon" -0.5 + log 2: the consensus wins, wrongly
+    assert out["rho_draft per token"]["chosen"] == 1.0 and out["rho_draft per token + log agreement"]["chosen"] == 0.0
     # the drafter_train traces are read a second time on the held-out rationales' questions alone
     held = vs.analyse(tmp_path, gold, "contains", 0.5, only={"q2", "q3"})
     assert (held["questions"], held["oracle"], held["mixed"]) == (2, 1, 0) and "random" not in held
