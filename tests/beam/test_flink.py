@@ -7,6 +7,7 @@ the middle of a job, after which --resume completes the run with every id once; 
 folder and a Kafka topic streamed on Flink across a TaskManager kill and a restart."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -249,21 +250,30 @@ def test_the_deployment_guides_command_survives_a_killed_taskmanager_and_resumes
     command = (f"exec {specrag} {' '.join(answer)} --output {out} {{resume}}"
                f"$({sys.executable} {launcher} flags --folder {flink.folder})")
     env = dict(os.environ, HF_HUB_OFFLINE="1", SPECRAG_THREADS="1", OMP_NUM_THREADS="1")
-    job = subprocess.Popen(["bash", "-c", command.format(resume="")], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    while len(list(out.glob("results-*.parquet"))) < 2:
-        assert job.poll() is None, f"the job ended before a TaskManager could be killed: {job.stderr.read()[-2000:]}"
-        assert time.time() < deadline
-        time.sleep(0.2)
-    killed = kill_a_busy_taskmanager(flink)
-    try:
-        assert job.wait(timeout=300) != 0  # the job failed with its TaskManager
-    finally:
-        job.kill()
+    # The REST API can still call a TaskManager busy for a moment after its last subtask ends: a kill
+    # then lands after its share is done and the job finishes. Such a try is repeated on a fresh
+    # folder; a job that survived every kill would fail the test (3 tries).
+    for _ in range(3):
+        shutil.rmtree(out, ignore_errors=True)
+        job = subprocess.Popen(["bash", "-c", command.format(resume="")], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 600
+        while len(list(out.glob("results-*.parquet"))) < 2:
+            assert job.poll() is None, ("the job ended before a TaskManager could be killed: "
+                                        f"{job.stderr.read()[-2000:]}")
+            assert time.time() < deadline
+            time.sleep(0.2)
+        killed = kill_a_busy_taskmanager(flink)
+        try:
+            code = job.wait(timeout=300)
+        finally:
+            job.kill()
+        flink.start_taskmanager(killed)
+        flink.wait_for(2)
+        if code != 0:
+            break
+    assert code != 0  # the job failed with its TaskManager
     assert not (out / "manifest.json").exists()  # written when a run finishes
-    flink.start_taskmanager(killed)
-    flink.wait_for(2)
     done = subprocess.run(["bash", "-c", command.format(resume="--resume ")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
