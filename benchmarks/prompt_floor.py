@@ -110,13 +110,6 @@ def specrag_tokens(query: dict, drafts: list[dict], docs_by_id: dict, drafter: s
     return cached_count(drafter_seqs), cached_count(verifier_seqs)
 
 
-class _Doc:
-    """A passage as build_prompt formats it."""
-
-    def __init__(self, row: dict):
-        self.doc_id, self.title, self.text = row["id"], row.get("title") or "", row["text"]
-
-
 def run_rows(folder: Path) -> list[dict]:
     import pyarrow.parquet as pq
     rows = []
@@ -133,6 +126,7 @@ def floor(runs: Path, dataset: str, specrag: str, standard: str, drafter: str, v
     """The floor over the questions both runs answered: tokens per query of each model, and the ratio."""
     import pyarrow.parquet as pq
     from specrag.evaluation.compare_report import _passages
+    from specrag.retrieval.base import Hit
     queries = queries or WORK / "data" / dataset.replace("-", "_") / "queries.parquet"
     by_id = {q["id"]: q for q in pq.read_table(queries).to_pylist()}
     spec = {r["id"]: r for r in run_rows(runs / dataset / specrag) if not r["error"]}
@@ -140,7 +134,8 @@ def floor(runs: Path, dataset: str, specrag: str, standard: str, drafter: str, v
     ids = sorted(spec.keys() & std.keys())
     wanted = {i for q in ids for step in std[q]["retrieved"] for i in step["doc_ids"]}
     wanted |= {i for q in ids for d in spec[q]["trace"]["drafts"] for i in d["doc_ids"]}
-    docs = {k: _Doc(v) for k, v in _passages(str(index or WORK / "index"), wanted).items()}
+    docs = {k: Hit(k, 0.0, v.get("title") or "", v["text"])  # a passage as the methods hold it
+            for k, v in _passages(str(index or WORK / "index"), wanted).items()}
     d_n = v_n = s_n = 0
     for q in ids:
         d, v = specrag_tokens(by_id[q], spec[q]["trace"]["drafts"], docs, drafter, verifier)
